@@ -1,0 +1,37 @@
+# dgemma: `make demo` (set up + train the demo config on the bundled corpus + sample + report)
+# and `make test` (set up if needed + the test suite). Needs only Python 3.11 and pip.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEMO_WORKDIR ?= workdirs/demo
+REPORT ?= report
+
+.PHONY: venv demo test data bench clean
+
+$(VENV)/.installed: requirements.txt requirements-test.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt -r requirements-test.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+venv: $(VENV)/.installed
+
+data: venv
+	$(PY) -m dgemma.data.prepare --config=configs/demo.py
+
+demo: venv data
+	$(PY) train.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR)
+	$(PY) sample.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR) \
+	  --config.sample.trajectory_html=$(REPORT)/trajectory.html
+	$(PY) -m dgemma.report --workdir=$(DEMO_WORKDIR) --out=$(REPORT)
+
+test: venv
+	$(PY) -m pytest -q tests
+
+bench: venv
+	$(PY) bench/train_throughput.py
+	$(PY) bench/sampler_step.py
+
+clean:
+	rm -rf $(DEMO_WORKDIR) $(REPORT)

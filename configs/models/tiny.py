@@ -1,0 +1,41 @@
+"""`tiny` preset: the DiffusionGemma structure at test size (seconds on CPU).
+
+Same structure as the 26B-A4B model (sliding + global layers, K=V global heads with their own head
+dim and KV-head count, partial RoPE, dense GeGLU + MoE branches, self-conditioning), scaled down.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      preset="tiny",
+      vocab_size=512,
+      d_model=64,
+      num_layers=4,
+      layer_types=("sliding", "global", "sliding", "global"),
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+      sliding_window=32,
+      rope_base=10_000.0,
+      global_num_kv_heads=1,
+      global_head_dim=32,
+      global_rope_base=1_000_000.0,
+      global_rope_fraction=0.25,
+      global_k_eq_v=True,
+      mlp_hidden=128,
+      num_experts=4,
+      experts_per_token=2,
+      expert_hidden=32,
+      final_logit_softcap=30.0,
+      rms_eps=1e-6,
+      self_conditioning=True,
+      moe_impl="ragged",
+      scan_layers=True,
+      remat="none",
+      dtype="float32",
+      param_dtype="float32",
+      router_aux_loss_weight=0.0,
+      router_z_loss_weight=0.0,
+  ))

@@ -1,0 +1,85 @@
+"""Experiment-config checks: every key must be one `configs/base.py` defines, values must make sense.
+
+`validate(config)` runs before any data is built or anything is compiled, so a typo or an impossible
+value fails in a second with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import ml_collections
+
+from configs import base
+from dgemma import tokenizers
+from dgemma.model.config import ConfigError, ModelConfig
+
+# Groups whose keys are free-form mappings (mesh axis names) rather than a fixed schema.
+_OPEN_GROUPS = ("mesh.shape",)
+# Groups owned by a preset: checked against ModelConfig's fields instead of the base preset.
+_MODEL_GROUP = "model"
+
+
+def _check_keys(config: Any, reference: Any, prefix: str) -> None:
+  if prefix in _OPEN_GROUPS or prefix == _MODEL_GROUP:
+    return
+  if isinstance(reference, ml_collections.ConfigDict):
+    if not isinstance(config, (ml_collections.ConfigDict, dict)):
+      raise ConfigError(f"{prefix}: expected a group of settings, got {config!r}")
+    unknown = sorted(set(config.keys()) - set(reference.keys()))
+    if unknown:
+      names = ", ".join(f"{prefix + '.' if prefix else ''}{k}" for k in unknown)
+      raise ConfigError(f"unknown config key(s): {names} (see configs/base.py for the keys dgemma reads)")
+    for key in config.keys():
+      _check_keys(config[key], reference[key], f"{prefix}.{key}" if prefix else key)
+
+
+def validate(config: ml_collections.ConfigDict) -> ModelConfig:
+  """Checks an experiment config; returns its ModelConfig. Raises ConfigError naming the field."""
+  _check_keys(config, base.get_config(), "")
+  model_cfg = ModelConfig.from_config_dict(config.model)
+  data, diff = config.data, config.diffusion
+
+  def need(cond: bool, field: str, msg: str):
+    if not cond:
+      raise ConfigError(f"{field}: {msg}")
+
+  need(data.seq_len > 0, "data.seq_len", f"must be positive, got {data.seq_len}")
+  need(data.batch_size > 0, "data.batch_size", f"must be positive, got {data.batch_size}")
+  need(0 < diff.canvas_len, "diffusion.canvas_len", f"must be positive, got {diff.canvas_len}")
+  need(diff.canvas_len < data.seq_len, "diffusion.canvas_len",
+       f"canvas of {diff.canvas_len} tokens does not fit in data.seq_len={data.seq_len} "
+       "(the sequence is context + canvas; the canvas must be shorter)")
+  need(0.0 < diff.t_eps < 1.0, "diffusion.t_eps", f"must be in (0, 1), got {diff.t_eps}")
+  need(diff.encoder_loss_weight >= 0, "diffusion.encoder_loss_weight", "must be >= 0")
+  kind = data.tokenizer.kind
+  need(kind in ("sentencepiece", "byte", "file"), "data.tokenizer.kind",
+       f"{kind!r} not in ('sentencepiece', 'byte', 'file')")
+  if kind == "sentencepiece":
+    tokenizers.check_sentencepiece_vocab_size(data.tokenizer.vocab_size)
+    need(model_cfg.vocab_size >= data.tokenizer.vocab_size, "model.vocab_size",
+         f"{model_cfg.vocab_size} is smaller than data.tokenizer.vocab_size={data.tokenizer.vocab_size}")
+  if kind == "byte":
+    need(model_cfg.vocab_size >= 260, "model.vocab_size",
+         f"{model_cfg.vocab_size} is too small for the byte tokenizer (256 bytes + 4 special tokens = 260)")
+  opt, train = config.opt, config.train
+  need(opt.lr > 0, "opt.lr", f"must be positive, got {opt.lr}")
+  need(opt.warmup_steps >= 0, "opt.warmup_steps", "must be >= 0")
+  need(0.0 <= opt.end_lr_fraction <= 1.0, "opt.end_lr_fraction", "must be in [0, 1]")
+  need(train.num_steps > 0, "train.num_steps", f"must be positive, got {train.num_steps}")
+  for field in ("log_every", "eval_every", "ckpt_every", "keep_checkpoints"):
+    need(train[field] > 0, f"train.{field}", f"must be positive, got {train[field]}")
+  unknown_axes = sorted(set(config.mesh.shape.keys()) - {"data", "fsdp", "expert", "tensor"})
+  need(not unknown_axes, "mesh.shape", f"unknown mesh axes {unknown_axes}; use data, fsdp, expert, tensor")
+  need(sum(1 for v in config.mesh.shape.values() if v == -1) <= 1, "mesh.shape", "at most one axis may be -1")
+  return model_cfg
+
+
+def to_json(config: ml_collections.ConfigDict) -> str:
+  return config.to_json_best_effort(indent=2, sort_keys=True)
+
+
+def from_json(text: str) -> ml_collections.ConfigDict:
+  """Inverse of `to_json` (tuples come back as lists; the code accepts either)."""
+  return ml_collections.ConfigDict(json.loads(text))

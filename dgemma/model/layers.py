@@ -1,0 +1,140 @@
+"""Small building blocks of the trunk: dtypes, RMSNorm, projections, RoPE and the GeGLU MLP.
+
+Numerics follow Hugging Face `transformers` 5.24 `models/diffusion_gemma/modeling_diffusion_gemma.py`
+(the parity reference): norms in fp32, `scale` multiplied directly (Gemma 4, not 1 + scale), GELU with
+the tanh approximation, rotate-half RoPE with cos/sin built in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dgemma.model.config import GLOBAL, ModelConfig
+
+Dtype = Any
+
+# HF `initializer_range` (normal init of every linear / embedding matrix).
+INIT_STD = 0.02
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def dtype_of(name: str) -> Dtype:
+  """'float32' | 'bfloat16' | 'float16' -> jnp dtype."""
+  return _DTYPES[name]
+
+
+def compute_dtype(cfg: ModelConfig) -> Dtype:
+  return dtype_of(cfg.dtype)
+
+
+def param_dtype(cfg: ModelConfig) -> Dtype:
+  return dtype_of(cfg.param_dtype)
+
+
+def attn_dims(cfg: ModelConfig, kind: str) -> tuple[int, int]:
+  """(num_kv_heads, head_dim) of a 'sliding' or 'global' layer (HF `per_layer_config`)."""
+  if kind == GLOBAL:
+    return cfg.global_num_kv_heads, cfg.global_head_dim
+  return cfg.num_kv_heads, cfg.head_dim
+
+
+def matrix_init(axes: Sequence[str]):
+  return nn.with_logical_partitioning(nn.initializers.normal(stddev=INIT_STD), tuple(axes))
+
+
+def ones_init(axes: Sequence[str]):
+  return nn.with_logical_partitioning(nn.initializers.ones, tuple(axes))
+
+
+def rms_norm(x: jax.Array, eps: float) -> jax.Array:
+  """x * (mean(x^2) + eps)^-0.5 over the last axis, in fp32 (HF `DiffusionGemmaRMSNorm._norm`)."""
+  x32 = x.astype(jnp.float32)
+  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm over the last axis; `scale` (init ones) multiplies directly. Output has the input dtype."""
+
+  eps: float
+  with_scale: bool = True
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = rms_norm(x, self.eps)
+    if self.with_scale:
+      scale = self.param("scale", ones_init(("norm",)), (x.shape[-1],), self.param_dtype)
+      y = y * scale.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+class Einsum(nn.Module):
+  """A bias-free projection with a `kernel` of explicit shape / logical axes, applied by `eqn`."""
+
+  shape: tuple[int, ...]
+  eqn: str
+  axes: tuple[str, ...]
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    w = self.param("kernel", matrix_init(self.axes), self.shape, self.param_dtype)
+    return jnp.einsum(self.eqn, x.astype(self.dtype), w.astype(self.dtype))
+
+
+def gelu(x: jax.Array) -> jax.Array:
+  # HF hidden_activation 'gelu_pytorch_tanh'.
+  return jax.nn.gelu(x, approximate=True)
+
+
+class GeGLU(nn.Module):
+  """down(gelu(gate(x)) * up(x)) (HF `DiffusionGemmaText4MLP`, also the self-conditioning MLP)."""
+
+  d_model: int
+  hidden: int
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    D, F = self.d_model, self.hidden
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    gate_BTF = Einsum((D, F), "...d,df->...f", ("embed", "mlp"), name="gate_proj", **kw)(x_BTD)
+    up_BTF = Einsum((D, F), "...d,df->...f", ("embed", "mlp"), name="up_proj", **kw)(x_BTD)
+    return Einsum((F, D), "...f,fd->...d", ("mlp", "embed"), name="down_proj", **kw)(gelu(gate_BTF) * up_BTF)
+
+
+# ---- RoPE ---------------------------------------------------------------------------------------
+def rope_inv_freq(cfg: ModelConfig, kind: str) -> jax.Array:
+  """Inverse frequencies [head_dim // 2] (fp32) of a layer kind.
+
+  Sliding layers: HF 'default' RoPE on all dims, inv_freq[i] = base^(-2i / H).
+  Global layers: HF 'proportional' RoPE (`modeling_rope_utils._compute_proportional_rope_parameters`):
+  rope_angles = int(fraction * H // 2); inv_freq[i] = base^(-2i / H) for i < rope_angles (exponent over
+  the FULL head dim) and 0 for the remaining H/2 - rope_angles entries, so those dims get cos=1, sin=0.
+  With rotate-half this rotates dims [0, rope_angles) paired with [H/2, H/2 + rope_angles).
+  """
+  if kind == GLOBAL:
+    H, base, frac = cfg.global_head_dim, cfg.global_rope_base, cfg.global_rope_fraction
+    angles = int(frac * H // 2)
+    rotated = 1.0 / (base ** (jnp.arange(0, 2 * angles, 2, dtype=jnp.float32) / H))
+    return jnp.concatenate([rotated, jnp.zeros((H // 2 - angles,), jnp.float32)])
+  H, base = cfg.head_dim, cfg.rope_base
+  return 1.0 / (base ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+
+
+def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """x * cos + rotate_half(x) * sin; cos/sin computed in fp32 then cast to x's dtype (HF)."""
+  freqs_BTh = positions_BT[..., None].astype(jnp.float32) * inv_freq
+  emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)
+  cos = jnp.cos(emb_BTH).astype(x_BTNH.dtype)[:, :, None, :]
+  sin = jnp.sin(emb_BTH).astype(x_BTNH.dtype)[:, :, None, :]
+  x1, x2 = jnp.split(x_BTNH, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return x_BTNH * cos + rotated * sin

@@ -1,0 +1,345 @@
+"""The DiffusionGemma trunk: one parameter tree used as causal encoder and bidirectional decoder.
+
+Numerical reference: Hugging Face `transformers` 5.24 `DiffusionGemmaForBlockDiffusion`.
+
+Usage:
+  model = Transformer(cfg)
+  cache = init_cache(cfg, batch_size, max_len)
+  enc_logits_BTV, cache = model.apply({'params': p}, tokens_BT, positions_BT, segment_ids_BT, cache,
+                                      method=Transformer.encode)
+  logits_BCV = model.apply({'params': p}, canvas_BC, positions_BC, segment_ids_BC, cache,
+                           sc_logits_BCV=None, sc_mask_B=None, method=Transformer.decode)
+  variables = model.init(rng, tokens_BT, positions_BT, segment_ids_BT, canvas_BC, positions_BC,
+                         segment_ids_BC)
+`init` returns parameters boxed in `nn.LogicallyPartitioned` (logical axis names below); use
+`nn.unbox(variables)` / `nn.get_partition_spec(variables)`. `apply` accepts boxed or plain arrays.
+
+Parameter tree (logical axes in parentheses; every `blocks` leaf has a leading 'layers' axis of size
+cfg.num_blocks; HF layer index = b * cfg.block_period + i):
+  embedder/embedding [V, D] ('vocab', 'embed')            tied input / output table
+  final_norm/scale [D] ('norm',)
+  self_conditioning/pre_norm/scale [D] ('norm',)          (only if cfg.self_conditioning)
+  self_conditioning/{gate_proj,up_proj}/kernel [D, F] ('embed', 'mlp'); down_proj/kernel [F, D] ('mlp', 'embed')
+  blocks/layer_{i}/
+    pre_attn_norm/scale, post_attn_norm/scale [D] ('norm',)
+    attn/q_proj/kernel [D, N, H] ('embed', 'heads', 'head_dim')
+    attn/k_proj/kernel [D, K, H] ('embed', 'kv_heads', 'head_dim')
+    attn/v_proj/kernel [D, K, H] ('embed', 'kv_heads', 'head_dim')   (absent on global layers if global_k_eq_v)
+    attn/o_proj/kernel [N, H, D] ('heads', 'head_dim', 'embed')
+    attn/q_norm/scale, attn/k_norm/scale [H] ('norm',)
+    mlp_pre_norm/scale, mlp_post_norm/scale [D] ('norm',)
+    mlp/{gate_proj,up_proj}/kernel [D, F] ('embed', 'mlp'); mlp/down_proj/kernel [F, D] ('mlp', 'embed')
+    moe_pre_norm/scale, moe_post_norm/scale [D] ('norm',)             (moe_* only if num_experts > 0)
+    moe/router/proj/kernel [D, E] ('embed', 'expert'); moe/router/scale [D] ('norm',)
+    moe/router/per_expert_scale [E] ('expert',)
+    moe/experts/{gate_proj,up_proj} [E, D, Fe] ('expert', 'embed', 'expert_mlp')
+    moe/experts/down_proj [E, Fe, D] ('expert', 'expert_mlp', 'embed')
+    ffw_post_norm/scale [D] ('norm',)
+    layer_scalar [1] ('norm',)
+  (H, K = head_dim, num_kv_heads on sliding layers; global_head_dim, global_num_kv_heads on global.)
+HF name map: pre_attn_norm=input_layernorm, post_attn_norm=post_attention_layernorm,
+mlp_pre_norm=pre_feedforward_layernorm, mlp_post_norm=post_feedforward_layernorm_1,
+moe_pre_norm=pre_feedforward_layernorm_2, moe_post_norm=post_feedforward_layernorm_2,
+ffw_post_norm=post_feedforward_layernorm.
+
+MoE auxiliary losses: when cfg.router_aux_loss_weight or cfg.router_z_loss_weight is non-zero, every
+`encode` / `decode` call sows into the 'intermediates' collection (apply with mutable=['intermediates']):
+  'router_aux_loss': weight * mean over layers of the Switch load-balancing loss,
+  'router_z_loss':   weight * mean over layers of the router z-loss,
+both already weighted and computed over tokens with segment id != 0; `__call__` sows once per pass, so
+the total to add to the objective is `sum(jax.tree.leaves(intermediates))`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from dgemma.model.attention import Attention, decoder_masks, encoder_masks
+from dgemma.model.config import GLOBAL, ModelConfig
+from dgemma.model import layers
+from dgemma.model.moe import MoE
+
+
+@struct.dataclass
+class KVCache:
+  """Fixed-size KV cache shared by encode (writes) and decode (reads).
+
+  k, v: one array per layer slot of the repeating block, [num_blocks, B, S, K_i, H_i]; keys post-k_norm
+    post-RoPE, values post-v_norm.
+  positions_BS, segment_ids_BS: int32 per slot; segment 0 = empty / padding.
+  length: int32 scalar, slots written so far (the next encode writes at [length, length + T)).
+  """
+
+  k: tuple
+  v: tuple
+  positions_BS: jax.Array
+  segment_ids_BS: jax.Array
+  length: jax.Array
+
+  @property
+  def max_len(self) -> int:
+    return self.positions_BS.shape[1]
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=jnp.float32) -> KVCache:
+  """An empty cache: all slots invalid (segment 0), length 0."""
+  ks, vs = [], []
+  for i in range(cfg.block_period):
+    K, H = layers.attn_dims(cfg, cfg.layer_types[i])
+    shape = (cfg.num_blocks, batch_size, max_len, K, H)
+    ks.append(jnp.zeros(shape, dtype))
+    vs.append(jnp.zeros(shape, dtype))
+  zeros_BS = jnp.zeros((batch_size, max_len), jnp.int32)
+  return KVCache(k=tuple(ks), v=tuple(vs), positions_BS=zeros_BS, segment_ids_BS=zeros_BS,
+                 length=jnp.zeros((), jnp.int32))
+
+
+@struct.dataclass
+class _Ctx:
+  """Loop-invariant inputs of every block (broadcast through the scan)."""
+
+  positions_BT: jax.Array
+  mask_sliding: jax.Array
+  mask_global: jax.Array
+  write_index: jax.Array
+  valid_BT: jax.Array
+  decode: bool = struct.field(pytree_node=False, default=False)
+
+
+class Layer(nn.Module):
+  """HF `DiffusionGemma{Encoder,Decoder}TextLayer`:
+
+    x = x + post_attn_norm(attn(pre_attn_norm(x)))
+    m = mlp_post_norm(mlp(mlp_pre_norm(x))) + moe_post_norm(experts(moe_pre_norm(x); router(x)))
+    x = (x + ffw_post_norm(m)) * layer_scalar
+  """
+
+  cfg: ModelConfig
+  kind: str
+
+  @nn.compact
+  def __call__(self, x_BTD, kv, ctx: _Ctx):
+    cfg = self.cfg
+    dtype, pdtype = layers.compute_dtype(cfg), layers.param_dtype(cfg)
+
+    def norm(name):
+      return layers.RMSNorm(cfg.rms_eps, param_dtype=pdtype, name=name)
+
+    mask = ctx.mask_global if self.kind == GLOBAL else ctx.mask_sliding
+    a_BTD, new_kv = Attention(cfg, self.kind, name="attn")(
+        norm("pre_attn_norm")(x_BTD), ctx.positions_BT, kv, mask, ctx.write_index, ctx.decode)
+    x_BTD = x_BTD + norm("post_attn_norm")(a_BTD)
+
+    m_BTD = layers.GeGLU(cfg.d_model, cfg.mlp_hidden, dtype=dtype, param_dtype=pdtype, name="mlp")(
+        norm("mlp_pre_norm")(x_BTD))
+    m_BTD = norm("mlp_post_norm")(m_BTD)
+    aux = {}
+    if cfg.num_experts:
+      e_BTD, aux = MoE(cfg, name="moe")(x_BTD, norm("moe_pre_norm")(x_BTD), ctx.valid_BT)
+      m_BTD = m_BTD + norm("moe_post_norm")(e_BTD)
+    x_BTD = x_BTD + norm("ffw_post_norm")(m_BTD)
+    scalar = self.param("layer_scalar", layers.ones_init(("norm",)), (1,), pdtype)
+    return x_BTD * scalar.astype(x_BTD.dtype), new_kv, aux
+
+
+class Block(nn.Module):
+  """One period of the layer pattern (`cfg.block_period` layers named layer_{i}); scanned over blocks."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, kv, ctx: _Ctx):
+    ks, vs = kv
+    new_ks, new_vs, auxes = [], [], []
+    for i in range(self.cfg.block_period):
+      x_BTD, new_kv, aux = Layer(self.cfg, self.cfg.layer_types[i], name=f"layer_{i}")(
+          x_BTD, (ks[i], vs[i]), ctx)
+      if new_kv is not None:
+        new_ks.append(new_kv[0])
+        new_vs.append(new_kv[1])
+      auxes.append(aux)
+    aux = jax.tree.map(lambda *a: sum(a), *auxes) if auxes and auxes[0] else {}
+    out_kv = () if ctx.decode else (tuple(new_ks), tuple(new_vs))
+    return x_BTD, (out_kv, aux)
+
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing: recompute the whole block in the backward pass
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Embedder(nn.Module):
+  """Tied token table [V, D]: inputs scaled by sqrt(D) cast to the table dtype (HF
+  `DiffusionGemmaTextScaledWordEmbedding`); logits = x @ table^T."""
+
+  cfg: ModelConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.embedding = self.param("embedding", layers.matrix_init(("vocab", "embed")),
+                                (cfg.vocab_size, cfg.d_model), layers.param_dtype(cfg))
+
+  def _scale(self):
+    return jnp.asarray(math.sqrt(self.cfg.d_model), self.embedding.dtype)
+
+  def encode(self, tokens_BT):
+    return (self.embedding[tokens_BT] * self._scale()).astype(layers.compute_dtype(self.cfg))
+
+  def soft_encode(self, probs_BTV):
+    """probs @ table * sqrt(D) (HF decoder self-conditioning soft embeddings)."""
+    dtype = layers.compute_dtype(self.cfg)
+    soft = jnp.einsum("btv,vd->btd", probs_BTV.astype(dtype), self.embedding.astype(dtype))
+    return soft * self._scale().astype(dtype)
+
+  def attend(self, x_BTD):
+    dtype = layers.compute_dtype(self.cfg)
+    return jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), self.embedding.astype(dtype))
+
+
+class SelfConditioning(nn.Module):
+  """HF `DiffusionGemmaSelfConditioning`: post_norm_noscale(e + GeGLU(pre_norm(soft)))."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, e_BTD, soft_BTD):
+    cfg = self.cfg
+    dtype, pdtype = layers.compute_dtype(cfg), layers.param_dtype(cfg)
+    normed = layers.RMSNorm(cfg.rms_eps, param_dtype=pdtype, name="pre_norm")(soft_BTD)
+    # The projections sit directly under self_conditioning/ (contract), so the GeGLU is inlined.
+    D, F = cfg.d_model, cfg.mlp_hidden
+    kw = dict(dtype=dtype, param_dtype=pdtype)
+    gate = layers.Einsum((D, F), "...d,df->...f", ("embed", "mlp"), name="gate_proj", **kw)(normed)
+    up = layers.Einsum((D, F), "...d,df->...f", ("embed", "mlp"), name="up_proj", **kw)(normed)
+    sc = layers.Einsum((F, D), "...f,fd->...d", ("mlp", "embed"), name="down_proj", **kw)(layers.gelu(gate) * up)
+    return layers.RMSNorm(cfg.rms_eps, with_scale=False, name="post_norm")(e_BTD + sc)
+
+
+class Transformer(nn.Module):
+  """DiffusionGemma trunk; see the module docstring for the API, parameter tree and masks
+  (dgemma/model/attention.py)."""
+
+  cfg: ModelConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.embedder = Embedder(cfg)
+    self.final_norm = layers.RMSNorm(cfg.rms_eps, param_dtype=layers.param_dtype(cfg))
+    if cfg.self_conditioning:
+      self.self_conditioning = SelfConditioning(cfg)
+    block = Block
+    if cfg.remat != "none":
+      block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
+    self.blocks = nn.scan(
+        block,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        in_axes=(0, nn.broadcast),
+        out_axes=0,
+        length=cfg.num_blocks,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )(cfg)
+
+  # ---- helpers --------------------------------------------------------------------------------
+  def _logits(self, x_BTD):
+    logits = self.embedder.attend(self.final_norm(x_BTD)).astype(jnp.float32)
+    c = self.cfg.final_logit_softcap
+    return c * jnp.tanh(logits / c) if c else logits
+
+  def _sow_aux(self, aux):
+    if not aux:
+      return
+    cfg = self.cfg
+    for name, w in (("router_aux_loss", cfg.router_aux_loss_weight),
+                    ("router_z_loss", cfg.router_z_loss_weight)):
+      if w:
+        self.sow("intermediates", name, w * jnp.sum(aux[name]) / cfg.num_layers)
+
+  # ---- modes ----------------------------------------------------------------------------------
+  def encode(self, tokens_BT, positions_BT, segment_ids_BT, cache: KVCache, return_logits: bool = True):
+    """Causal pass over T new tokens appended to `cache` at slots [cache.length, cache.length + T).
+
+    The caller must leave room (length + T <= max_len). Returns (logits_BTV or None, new cache).
+    """
+    cfg = self.cfg
+    positions_BT = positions_BT.astype(jnp.int32)
+    segment_ids_BT = segment_ids_BT.astype(jnp.int32)
+    start = cache.length
+    pos_BS = jax.lax.dynamic_update_slice(cache.positions_BS, positions_BT, (0, start))
+    seg_BS = jax.lax.dynamic_update_slice(cache.segment_ids_BS, segment_ids_BT, (0, start))
+    slide, glob = encoder_masks(cfg, positions_BT, segment_ids_BT, pos_BS, seg_BS, start)
+    ctx = _Ctx(positions_BT, slide, glob, start, segment_ids_BT != 0, decode=False)
+    x_BTD = self.embedder.encode(tokens_BT)
+    x_BTD, ((ks, vs), aux) = self.blocks(x_BTD, (cache.k, cache.v), ctx)
+    self._sow_aux(aux)
+    new_cache = KVCache(k=ks, v=vs, positions_BS=pos_BS, segment_ids_BS=seg_BS,
+                        length=start + tokens_BT.shape[1])
+    return (self._logits(x_BTD) if return_logits else None), new_cache
+
+  def decode(self, canvas_BC, positions_BC, segment_ids_BC, cache: KVCache, sc_logits_BCV=None,
+             sc_mask_B=None):
+    """Bidirectional pass over the canvas reading (never writing) `cache`. Returns logits_BCV (fp32).
+
+    sc_logits_BCV: previous step's logits for self-conditioning (None = zero signal);
+    sc_mask_B: optional per-example bool, False zeroes that example's signal.
+    """
+    cfg = self.cfg
+    positions_BC = positions_BC.astype(jnp.int32)
+    segment_ids_BC = segment_ids_BC.astype(jnp.int32)
+    x_BCD = self.embedder.encode(canvas_BC)
+    if cfg.self_conditioning:
+      if sc_logits_BCV is None:
+        soft_BCD = jnp.zeros_like(x_BCD)
+      else:
+        soft_BCD = self.embedder.soft_encode(jax.nn.softmax(sc_logits_BCV.astype(jnp.float32), axis=-1))
+        if sc_mask_B is not None:
+          soft_BCD = soft_BCD * sc_mask_B.astype(soft_BCD.dtype)[:, None, None]
+      x_BCD = self.self_conditioning(x_BCD, soft_BCD)  # post norm applies even to a zero signal
+    slide, glob = decoder_masks(cfg, positions_BC, segment_ids_BC, cache.positions_BS,
+                                cache.segment_ids_BS, cache.length)
+    ctx = _Ctx(positions_BC, slide, glob, cache.length, segment_ids_BC != 0, decode=True)
+    x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)
+    self._sow_aux(aux)
+    return self._logits(x_BCD)
+
+  def __call__(self, tokens_BT, positions_BT, segment_ids_BT, canvas_BC, positions_BC, segment_ids_BC,
+               sc_logits_BCV=None, sc_mask_B=None, return_enc_logits: bool = True):
+    """Training / init pass: encode the clean context into a fresh cache of size T, then decode the
+    canvas against it. Returns (enc_logits_BTV or None, dec_logits_BCV)."""
+    cache = init_cache(self.cfg, tokens_BT.shape[0], tokens_BT.shape[1], layers.compute_dtype(self.cfg))
+    enc_logits, cache = self.encode(tokens_BT, positions_BT, segment_ids_BT, cache,
+                                    return_logits=return_enc_logits)
+    dec_logits = self.decode(canvas_BC, positions_BC, segment_ids_BC, cache, sc_logits_BCV, sc_mask_B)
+    return enc_logits, dec_logits
+
+
+# ---- parameter accounting (no allocation) -----------------------------------------------------
+def param_shapes(cfg: ModelConfig) -> Any:
+  """The unboxed parameter tree as jax.ShapeDtypeStruct leaves (`jax.eval_shape`, nothing allocated)."""
+  model = Transformer(cfg)
+  tok = jnp.zeros((1, 1), jnp.int32)
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), tok, tok, tok, tok, tok, tok))
+  return nn.unbox(variables["params"])
+
+
+def count_params(cfg: ModelConfig) -> dict[str, int]:
+  """{'total', 'active', 'embedding', 'experts'} parameter counts.
+
+  active = parameters used per token = total - (E - k) / E of the routed expert weights; the tied
+  embedding table is counted once.
+  """
+  shapes = param_shapes(cfg)
+  flat = flax.traverse_util.flatten_dict(shapes)
+  total = sum(math.prod(s.shape) for s in flat.values())
+  experts = sum(math.prod(s.shape) for path, s in flat.items() if "experts" in path)
+  embedding = math.prod(flat[("embedder", "embedding")].shape)
+  inactive = experts * (cfg.num_experts - cfg.experts_per_token) // cfg.num_experts if cfg.num_experts else 0
+  return {"total": total, "active": total - inactive, "embedding": embedding, "experts": experts}

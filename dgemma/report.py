@@ -1,0 +1,117 @@
+"""A small report folder for a run: loss curves (PNG), samples, and an HTML denoising trajectory.
+
+  python -m dgemma.report --workdir=workdirs/demo --out=report
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+  path = Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    raise FileNotFoundError(f"--workdir: {path} not found (train first)")
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_losses(records: list[dict], out_png: str | Path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+  for split, style in (("train", "-"), ("eval", "o-")):
+    for key in ("canvas_loss", "encoder_loss"):
+      pts = [(r["step"], r[key]) for r in records if r["split"] == split and key in r]
+      if pts:
+        steps, vals = zip(*pts)
+        ax.plot(steps, vals, style, label=f"{split} {key.replace('_', ' ')}", markersize=3)
+  ax.set_xlabel("step")
+  ax.set_ylabel("cross-entropy (nats/token)")
+  ax.set_title("dgemma training")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(out_png)
+  plt.close(fig)
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; background: #fafafa; }
+.step { margin: 0.4em 0; padding: 0.4em; background: white; border: 1px solid #ddd; border-radius: 4px; }
+.step h3 { margin: 0 0 0.3em 0; font-size: 0.85em; color: #555; }
+.tok { font-family: monospace; white-space: pre-wrap; padding: 0 1px; border-radius: 2px; }
+.acc { background: #c8f0c8; }
+.noise { background: #f3d2d2; color: #777; }
+.legend span { margin-right: 1em; }
+"""
+
+
+def trajectory_html(pieces_SC: Sequence[Sequence[str]], accepted_SC: np.ndarray, entropy_SC: np.ndarray,
+                    title: str = "Denoising trajectory", prompt: str = "") -> str:
+  """HTML view of one canvas: one row per denoising step, accepted tokens green, re-noised red.
+
+  pieces_SC[s][c] is the text of the token at canvas position c after step s (before re-noising).
+  """
+  rows = []
+  for s, pieces in enumerate(pieces_SC):
+    n_acc = int(np.sum(accepted_SC[s]))
+    spans = []
+    for c, piece in enumerate(pieces):
+      cls = "acc" if accepted_SC[s][c] else "noise"
+      spans.append(f'<span class="tok {cls}" title="entropy {float(entropy_SC[s][c]):.3f}">'
+                   f"{html.escape(piece)}</span>")
+    rows.append(f'<div class="step"><h3>step {s + 1}: {n_acc}/{len(pieces)} accepted, '
+                f"mean entropy {float(np.mean(entropy_SC[s])):.3f}</h3>{''.join(spans)}</div>")
+  prompt_html = f"<p><b>Prompt:</b> <code>{html.escape(prompt)}</code></p>" if prompt else ""
+  return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+          f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{prompt_html}"
+          "<p class='legend'><span class='tok acc'>accepted</span><span class='tok noise'>re-noised</span>"
+          " (hover a token for its entropy)</p>" + "".join(rows) + "</body></html>")
+
+
+def write_report(workdir: str | Path, out_dir: str | Path) -> Path:
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  records = read_metrics(workdir)
+  plot_losses(records, out / "loss_curve.png")
+  samples = Path(workdir) / "samples.txt"
+  samples_html = html.escape(samples.read_text()) if samples.exists() else "(no samples yet: run sample.py)"
+  evals = [r for r in records if r["split"] == "eval"]
+  last_eval = evals[-1] if evals else {}
+  traj = "trajectory.html" if (out / "trajectory.html").exists() else None
+  index = ["<!doctype html><html><head><meta charset='utf-8'><title>dgemma report</title>",
+           f"<style>{_STYLE}</style></head><body><h1>dgemma run report</h1>",
+           f"<p>workdir: <code>{html.escape(str(Path(workdir).absolute()))}</code></p>",
+           "<h2>Loss</h2><img src='loss_curve.png' alt='loss curve'>"]
+  if last_eval:
+    index.append("<p>final validation: " + ", ".join(
+        f"{k}={v:.4f}" for k, v in last_eval.items() if k not in ("step", "split")) + f" (step {last_eval['step']})</p>")
+  index.append(f"<h2>Samples</h2><pre>{samples_html}</pre>")
+  if traj:
+    index.append("<h2>Denoising</h2><p><a href='trajectory.html'>one denoising trajectory</a></p>")
+  index.append("</body></html>")
+  (out / "index.html").write_text("\n".join(index))
+  if samples.exists():
+    (out / "samples.txt").write_text(samples.read_text())
+  return out
+
+
+def main(argv):
+  del argv
+  from absl import flags
+  out = write_report(flags.FLAGS.workdir, flags.FLAGS.out)
+  print(f"report written to {out.absolute()}/index.html")
+
+
+if __name__ == "__main__":
+  from absl import app, flags
+  flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
+  flags.DEFINE_string("out", "report", "Report folder.")
+  app.run(main)

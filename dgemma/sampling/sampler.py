@@ -1,0 +1,367 @@
+"""The DiffusionGemma canvas sampler: entropy-bound acceptance with re-noising (released defaults).
+
+One canvas is denoised by up to `max_denoising_steps` decoder passes against a read-only KV cache
+(reference doc, "Sampler (released defaults)"; numerics follow HF transformers 5.24,
+`generation_diffusion_gemma.py`). Per step s = 0 .. S-1:
+
+  logits   = decoder(canvas, cache, self-conditioning logits)            (no signal at s = 0)
+  T_s      = t_min + (t_max - t_min) * (S - s) / S                        (HF counts steps S..1, so
+                                                                           T_0 = t_max, T_{S-1} > t_min)
+  proc     = logits / T_s                                                 (+ optional top-k / top-p)
+  sampled  ~ softmax(proc) at every position;  argmax = argmax(proc)
+  H_i      = entropy(softmax(proc_i));  accept lowest-H positions while cumsum(H) - H_i <= bound
+  canvas'  = accepted ? sampled : fresh uniform token                     (nothing is frozen)
+  stop row when argmax == previous argmax for `stability_threshold` steps and mean(H) < threshold;
+  finished rows keep canvas, argmax and self-conditioning logits unchanged
+  sc_logits = proc
+The canvas result is the argmax canvas (HF appends `argmax_canvas`, not the sampled canvas).
+
+Two loop forms with identical results: `lax.scan` over all steps (finished rows frozen) and
+`lax.while_loop` that exits as soon as every row has finished (`early_exit`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from dgemma.model.config import ConfigError
+
+PAD_ID = 0
+EOS_ID = 1
+END_OF_TURN_ID = 106  # `<turn|>` in the Gemma 4 vocabulary only
+
+ACCEPTANCE_RULES = ("entropy_bound", "confidence", "fixed_k")
+RENOISE_POLICIES = ("non_accepted", "none", "low_confidence")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  """Static sampler settings (hashable: a `jax.jit` static argument).
+
+  Released sampler (HF 5.24 defaults): the first nine fields.
+    canvas_len: tokens denoised in parallel (the block length; `config.diffusion.canvas_len`).
+    max_denoising_steps: decoder passes per canvas at most.
+    entropy_bound: acceptance budget: sum of accepted entropies minus the largest one (nats).
+    t_max / t_min: linear temperature schedule (first step t_max, falling towards t_min).
+    stability_threshold: argmax canvas unchanged for this many consecutive steps ...
+    confidence_threshold: ... and mean token entropy below this -> the row stops (0 disables).
+    end_ids: tokens that end a response (EOS 1; `<turn|>` 106 with the Gemma 4 vocabulary).
+    pad_id: fills a row after its end token.
+  Loop form:
+    early_exit: `lax.while_loop` leaving when every row finished (else `lax.scan` over all steps).
+    self_conditioning: feed the previous step's processed logits back (False = zero signal, as in
+      training without self-conditioning).
+  Ablations (defaults reproduce the release):
+    acceptance: 'entropy_bound' | 'confidence' (positions whose top probability >= accept_confidence)
+      | 'fixed_k' (the accept_k lowest-entropy positions). At least one position is always accepted.
+    renoise: what non-accepted positions become: 'non_accepted' (fresh uniform tokens, released) |
+      'none' (keep their current token) | 'low_confidence' (fresh token only where the model gives
+      the current token probability < renoise_confidence; kept otherwise).
+    top_k / top_p: logit shaping after the temperature (0 / 1.0 = off); the shaped logits are used
+      for sampling, entropy, argmax, stopping and self-conditioning alike.
+  """
+
+  canvas_len: int = 256
+  max_denoising_steps: int = 48
+  entropy_bound: float = 0.1
+  t_max: float = 0.8
+  t_min: float = 0.4
+  stability_threshold: int = 1
+  confidence_threshold: float = 0.005
+  end_ids: tuple[int, ...] = (EOS_ID, END_OF_TURN_ID)
+  pad_id: int = PAD_ID
+  early_exit: bool = True
+  self_conditioning: bool = True
+  acceptance: str = "entropy_bound"
+  accept_confidence: float = 0.9
+  accept_k: int = 1
+  renoise: str = "non_accepted"
+  renoise_confidence: float = 0.1
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    object.__setattr__(self, "end_ids", tuple(int(i) for i in self.end_ids))
+    self.validate()
+
+  def validate(self) -> None:
+    def need(cond, msg):
+      if not cond:
+        raise ConfigError(msg)
+
+    need(self.canvas_len > 0, f"diffusion.canvas_len must be positive, got {self.canvas_len}")
+    need(self.max_denoising_steps > 0,
+         f"sample.max_denoising_steps must be positive, got {self.max_denoising_steps}")
+    need(self.entropy_bound >= 0, f"sample.entropy_bound must be >= 0, got {self.entropy_bound}")
+    need(self.t_max > 0, f"sample.t_max must be > 0, got {self.t_max}")
+    need(self.t_min >= 0, f"sample.t_min must be >= 0, got {self.t_min}")
+    need(self.t_min <= self.t_max,
+         f"sample.t_min must be <= sample.t_max (got t_min={self.t_min}, t_max={self.t_max})")
+    need(self.stability_threshold >= 0,
+         f"sample.stability_threshold must be >= 0, got {self.stability_threshold}")
+    need(self.confidence_threshold >= 0,
+         f"sample.confidence_threshold must be >= 0, got {self.confidence_threshold}")
+    need(all(i >= 0 for i in self.end_ids), f"sample.end_ids must be token ids >= 0, got {self.end_ids}")
+    need(self.pad_id not in self.end_ids, f"sample.end_ids must not contain the pad id {self.pad_id}")
+    need(self.acceptance in ACCEPTANCE_RULES,
+         f"sample.acceptance must be one of {ACCEPTANCE_RULES}, got {self.acceptance!r}")
+    need(0.0 <= self.accept_confidence <= 1.0,
+         f"sample.accept_confidence must be in [0, 1], got {self.accept_confidence}")
+    need(self.accept_k >= 1, f"sample.accept_k must be >= 1, got {self.accept_k}")
+    need(self.renoise in RENOISE_POLICIES,
+         f"sample.renoise must be one of {RENOISE_POLICIES}, got {self.renoise!r}")
+    need(0.0 <= self.renoise_confidence <= 1.0,
+         f"sample.renoise_confidence must be in [0, 1], got {self.renoise_confidence}")
+    need(self.top_k >= 0, f"sample.top_k must be >= 0 (0 = off), got {self.top_k}")
+    need(0.0 < self.top_p <= 1.0, f"sample.top_p must be in (0, 1] (1 = off), got {self.top_p}")
+
+  @classmethod
+  def from_config(cls, config) -> "SamplerConfig":
+    """From an experiment config: `config.sample` plus `config.diffusion.canvas_len`.
+
+    `sample.end_ids = ()` means automatic: EOS, plus `<turn|>` (106) only for a tokenizer file
+    (the Gemma 4 vocabulary) -- with the byte tokenizer id 106 is the letter 'f', and a
+    SentencePiece model trained here has only 4 special pieces. Ids outside the vocabulary are
+    dropped.
+    """
+    s = config.sample
+    vocab = int(config.model.vocab_size)
+    end_ids = tuple(int(i) for i in s.end_ids)
+    if not end_ids:
+      kind = config.data.tokenizer.kind if "data" in config else "file"
+      end_ids = (EOS_ID, END_OF_TURN_ID) if kind == "file" else (EOS_ID,)
+    end_ids = tuple(i for i in end_ids if i < vocab)
+    fields = {f.name for f in dataclasses.fields(cls)} - {"canvas_len", "end_ids", "pad_id"}
+    kwargs = {name: s[name] for name in fields if name in s}
+    for name in ("max_denoising_steps", "stability_threshold", "accept_k", "top_k"):
+      if name in kwargs:
+        kwargs[name] = int(kwargs[name])
+    for name in ("entropy_bound", "t_max", "t_min", "confidence_threshold", "accept_confidence",
+                 "renoise_confidence", "top_p"):
+      if name in kwargs:
+        kwargs[name] = float(kwargs[name])
+    return cls(canvas_len=int(config.diffusion.canvas_len), end_ids=end_ids, **kwargs)
+
+
+# ---- pieces of one step ------------------------------------------------------------------------
+
+
+def temperature(cfg: SamplerConfig, step) -> jax.Array:
+  """T at 0-based step s: t_min + (t_max - t_min) * (S - s) / S, in fp32 like HF (which counts S..1)."""
+  n = cfg.max_denoising_steps
+  frac = (n - jnp.asarray(step, jnp.int32)).astype(jnp.float32) / jnp.float32(n)
+  return jnp.float32(cfg.t_min) + jnp.float32(cfg.t_max - cfg.t_min) * frac
+
+
+def shape_logits(logits_BCV: jax.Array, cfg: SamplerConfig) -> jax.Array:
+  """Optional top-k / top-p filtering (masked logits -> -inf)."""
+  neg_inf = jnp.array(-jnp.inf, logits_BCV.dtype)
+  if cfg.top_k and cfg.top_k < logits_BCV.shape[-1]:
+    kth_BC1 = jax.lax.top_k(logits_BCV, cfg.top_k)[0][..., -1:]
+    logits_BCV = jnp.where(logits_BCV < kth_BC1, neg_inf, logits_BCV)
+  if cfg.top_p < 1.0:
+    sorted_BCV = jnp.sort(logits_BCV, axis=-1)[..., ::-1]
+    probs_BCV = jax.nn.softmax(sorted_BCV, axis=-1)
+    mass_before_BCV = jnp.cumsum(probs_BCV, axis=-1) - probs_BCV
+    # the smallest logit still needed to reach mass top_p (the top token always survives)
+    keep_BCV = mass_before_BCV < cfg.top_p
+    cutoff_BC1 = jnp.min(jnp.where(keep_BCV, sorted_BCV, jnp.inf), axis=-1, keepdims=True)
+    logits_BCV = jnp.where(logits_BCV < cutoff_BC1, neg_inf, logits_BCV)
+  return logits_BCV
+
+
+def entropy(logits_BCV: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(entropy [B, C], log-probabilities [B, C, V]) of softmax(logits) in fp32; -inf logits allowed."""
+  logp_BCV = jax.nn.log_softmax(logits_BCV.astype(jnp.float32), axis=-1)
+  p_BCV = jnp.exp(logp_BCV)
+  plogp_BCV = jnp.where(p_BCV > 0, p_BCV * logp_BCV, 0.0)
+  return -jnp.sum(plogp_BCV, axis=-1), logp_BCV
+
+
+def accept_entropy_bound(entropy_BC: jax.Array, bound: float) -> jax.Array:
+  """Entropy-bound acceptance (arXiv 2505.24857): sort entropies ascending, accept while
+  cumsum(H) - H_i <= bound (H_i is the running maximum), so the lowest is always accepted."""
+  order_BC = jnp.argsort(entropy_BC, axis=-1, stable=True)
+  sorted_BC = jnp.take_along_axis(entropy_BC, order_BC, axis=-1)
+  keep_sorted_BC = jnp.cumsum(sorted_BC, axis=-1) - sorted_BC <= bound
+  rows_B1 = jnp.arange(entropy_BC.shape[0])[:, None]
+  return jnp.zeros(entropy_BC.shape, bool).at[rows_B1, order_BC].set(keep_sorted_BC)
+
+
+def accept_fixed_k(entropy_BC: jax.Array, k: int) -> jax.Array:
+  """The k lowest-entropy positions."""
+  k = min(k, entropy_BC.shape[-1])
+  order_BC = jnp.argsort(entropy_BC, axis=-1, stable=True)
+  rank_BC = jnp.argsort(order_BC, axis=-1)
+  return rank_BC < k
+
+
+def accept_confidence(entropy_BC: jax.Array, top_prob_BC: jax.Array, threshold: float) -> jax.Array:
+  """Positions whose most likely token has probability >= threshold; the lowest-entropy one always."""
+  lowest_BC = accept_fixed_k(entropy_BC, 1)
+  return (top_prob_BC >= threshold) | lowest_BC
+
+
+# ---- the denoising loop --------------------------------------------------------------------------
+
+
+@struct.dataclass
+class Trajectory:
+  """Per-step record of one canvas ([S, B, C]; `active_SB` [S, B]). Entries of steps a row did not
+  run (finished or never reached) keep the fill: canvas/sampled/argmax -1, accepted False, entropy 0.
+
+  canvas: the decoder input; sampled: the denoiser's sample; argmax: the argmax prediction;
+  accepted: the acceptance mask (the tokens shown after the step are where(accepted, sampled, canvas)
+  before re-noising); entropy: per-position entropy of the tempered distribution.
+  """
+
+  canvas_SBC: jax.Array
+  sampled_SBC: jax.Array
+  argmax_SBC: jax.Array
+  accepted_SBC: jax.Array
+  entropy_SBC: jax.Array
+  active_SB: jax.Array
+
+  @classmethod
+  def empty(cls, steps: int, batch: int, canvas_len: int) -> "Trajectory":
+    tok = jnp.full((steps, batch, canvas_len), -1, jnp.int32)
+    return cls(canvas_SBC=tok, sampled_SBC=tok, argmax_SBC=tok,
+               accepted_SBC=jnp.zeros((steps, batch, canvas_len), bool),
+               entropy_SBC=jnp.zeros((steps, batch, canvas_len), jnp.float32),
+               active_SB=jnp.zeros((steps, batch), bool))
+
+
+@struct.dataclass
+class DenoiseState:
+  """Carry of the per-canvas loop."""
+
+  step: jax.Array            # int32 [], next step to run (0-based)
+  canvas_BC: jax.Array       # int32, the decoder input
+  sc_logits_BCV: jax.Array   # fp32, processed logits of the previous step (self-conditioning)
+  argmax_BC: jax.Array       # int32, the latest argmax canvas (-1 before the first step)
+  stable_B: jax.Array        # int32, consecutive steps with an unchanged argmax canvas
+  done_B: jax.Array          # bool, row finished (stable and confident, or inactive from the start)
+  num_forwards_B: jax.Array  # int32, decoder passes the row needed
+  traj: Optional[Trajectory] = None
+
+
+# decode_fn(canvas_BC, sc_logits_BCV, sc_mask_B) -> logits_BCV
+DecodeFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, cfg: SamplerConfig, noise: Any,
+                  canvas_idx, fixed_BC, fixed_mask_BC) -> DenoiseState:
+  s = state.step
+  batch, canvas_len = state.canvas_BC.shape
+  vocab = state.sc_logits_BCV.shape[-1]
+  done_B = state.done_B
+
+  # 2. decoder forward; no self-conditioning signal at the first step (reference doc, step 8)
+  sc_mask_B = jnp.broadcast_to((s > 0) & cfg.self_conditioning, (batch,))
+  logits_BCV = decode_fn(state.canvas_BC, state.sc_logits_BCV, sc_mask_B).astype(jnp.float32)
+  # 3. temperature (+ optional shaping): HF's processed logits
+  proc_BCV = shape_logits(logits_BCV / temperature(cfg, s), cfg)
+  # 4. sample every position; the argmax canvas is the output
+  sampled_BC = noise.sample(canvas_idx, s, proc_BCV)
+  argmax_BC = jnp.argmax(proc_BCV, axis=-1).astype(jnp.int32)
+  # 5. entropy and acceptance
+  ent_BC, logp_BCV = entropy(proc_BCV)
+  if fixed_mask_BC is not None:  # infilling: caller-fixed positions, outside the acceptance budget
+    ent_BC = jnp.where(fixed_mask_BC, 0.0, ent_BC)
+    sampled_BC = jnp.where(fixed_mask_BC, fixed_BC, sampled_BC)
+    argmax_BC = jnp.where(fixed_mask_BC, fixed_BC, argmax_BC)
+  if cfg.acceptance == "entropy_bound":
+    accepted_BC = accept_entropy_bound(ent_BC, cfg.entropy_bound)
+  elif cfg.acceptance == "fixed_k":
+    accepted_BC = accept_fixed_k(ent_BC, cfg.accept_k)
+  else:
+    accepted_BC = accept_confidence(ent_BC, jnp.exp(jnp.max(logp_BCV, axis=-1)), cfg.accept_confidence)
+  # 6. re-noise the non-accepted positions
+  fresh_BC = noise.renoise(canvas_idx, s, canvas_len, vocab)
+  if cfg.renoise == "non_accepted":
+    other_BC = fresh_BC
+  elif cfg.renoise == "none":
+    other_BC = state.canvas_BC
+  else:
+    p_current_BC = jnp.exp(jnp.take_along_axis(logp_BCV, state.canvas_BC[..., None], axis=-1)[..., 0])
+    other_BC = jnp.where(p_current_BC < cfg.renoise_confidence, fresh_BC, state.canvas_BC)
+  canvas_BC = jnp.where(accepted_BC, sampled_BC, other_BC)
+  if fixed_mask_BC is not None:
+    canvas_BC = jnp.where(fixed_mask_BC, fixed_BC, canvas_BC)
+
+  # 7. finished rows stop changing (HF freezes canvas, argmax and self-conditioning logits)
+  canvas_BC = jnp.where(done_B[:, None], state.canvas_BC, canvas_BC)
+  argmax_BC = jnp.where(done_B[:, None], state.argmax_BC, argmax_BC)
+  sc_BCV = jnp.where(done_B[:, None, None], state.sc_logits_BCV, proc_BCV)
+  #    stable: the argmax canvas equals the previous `stability_threshold` ones; confident: mean H
+  same_B = jnp.all(argmax_BC == state.argmax_BC, axis=-1)
+  stable_B = jnp.where(same_B, state.stable_B + 1, 0)
+  confident_B = jnp.mean(ent_BC, axis=-1) < cfg.confidence_threshold
+  new_done_B = done_B | ((stable_B >= cfg.stability_threshold) & confident_B)
+
+  traj = state.traj
+  if traj is not None:
+    active_B = ~done_B
+
+    def put(buf_SBX, new_BX):
+      mask = active_B.reshape((batch,) + (1,) * (new_BX.ndim - 1))
+      return buf_SBX.at[s].set(jnp.where(mask, new_BX, buf_SBX[s]))
+
+    traj = Trajectory(canvas_SBC=put(traj.canvas_SBC, state.canvas_BC),
+                      sampled_SBC=put(traj.sampled_SBC, sampled_BC),
+                      argmax_SBC=put(traj.argmax_SBC, argmax_BC),
+                      accepted_SBC=put(traj.accepted_SBC, accepted_BC),
+                      entropy_SBC=put(traj.entropy_SBC, ent_BC),
+                      active_SB=traj.active_SB.at[s].set(active_B))
+
+  # 8. this step's processed logits condition the next step
+  return DenoiseState(step=s + 1, canvas_BC=canvas_BC, sc_logits_BCV=sc_BCV, argmax_BC=argmax_BC,
+                      stable_B=stable_B.astype(jnp.int32), done_B=new_done_B,
+                      num_forwards_B=state.num_forwards_B + (~done_B).astype(jnp.int32), traj=traj)
+
+
+def init_state(init_canvas_BC: jax.Array, vocab_size: int, *, done_B: jax.Array | None = None,
+               steps: int = 0, record: bool = False) -> DenoiseState:
+  batch, canvas_len = init_canvas_BC.shape
+  return DenoiseState(
+      step=jnp.zeros((), jnp.int32),
+      canvas_BC=init_canvas_BC.astype(jnp.int32),
+      sc_logits_BCV=jnp.zeros((batch, canvas_len, vocab_size), jnp.float32),
+      argmax_BC=jnp.full((batch, canvas_len), -1, jnp.int32),
+      stable_B=jnp.zeros((batch,), jnp.int32),
+      done_B=jnp.zeros((batch,), bool) if done_B is None else done_B,
+      num_forwards_B=jnp.zeros((batch,), jnp.int32),
+      traj=Trajectory.empty(steps, batch, canvas_len) if record else None)
+
+
+def denoise_canvas(decode_fn: DecodeFn, cfg: SamplerConfig, noise: Any, init_canvas_BC: jax.Array,
+                   vocab_size: int, *, canvas_idx=0, done_B: jax.Array | None = None,
+                   fixed_BC: jax.Array | None = None, fixed_mask_BC: jax.Array | None = None,
+                   record: bool = False) -> DenoiseState:
+  """Denoises one canvas; traceable (call under `jax.jit`).
+
+  decode_fn(canvas_BC, sc_logits_BCV, sc_mask_B) -> logits_BCV runs the decoder against the cache.
+  noise: a source from `dgemma.sampling.noise` (draws indexed by `canvas_idx` and step).
+  done_B: rows that take no step (e.g. already ended); they keep the initial state.
+  fixed_BC / fixed_mask_BC: infilling; masked positions hold the given token throughout and in the
+    output, are never re-noised, and do not count against the acceptance budget.
+  Returns the final state: `argmax_BC` is the canvas result, `num_forwards_B` the passes per row,
+  `traj` the per-step record when `record`.
+  """
+  steps = cfg.max_denoising_steps
+  if fixed_mask_BC is not None:
+    fixed_BC = fixed_BC.astype(jnp.int32)
+    init_canvas_BC = jnp.where(fixed_mask_BC, fixed_BC, init_canvas_BC)
+  state = init_state(init_canvas_BC, vocab_size, done_B=done_B, steps=steps, record=record)
+  step_fn = lambda st: _denoise_step(st, decode_fn=decode_fn, cfg=cfg, noise=noise, canvas_idx=canvas_idx,
+                                     fixed_BC=fixed_BC, fixed_mask_BC=fixed_mask_BC)
+  if cfg.early_exit:
+    state = jax.lax.while_loop(lambda st: (st.step < steps) & ~jnp.all(st.done_B), step_fn, state)
+  else:
+    state, _ = jax.lax.scan(lambda st, _: (step_fn(st), None), state, None, length=steps)
+  return state

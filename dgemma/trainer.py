@@ -1,0 +1,321 @@
+"""The training loop: sharded state, jitted step, Orbax checkpoints, validation, metrics.
+
+`train_and_evaluate(config, workdir)` is what `train.py` calls. The step is jitted over a
+`jax.sharding.Mesh` built from `config.mesh`; parameters are placed by their logical axis names and
+`config.mesh.axis_rules` (flax lm1b `setup_initial_state` style), the batch over ('data', 'fsdp').
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from dgemma import checkpointing
+from dgemma import config as config_lib
+from dgemma import diffusion
+from dgemma.data import pipeline as data_pipeline
+from dgemma.model import ModelConfig, Transformer, init_cache
+
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+# ---- mesh and shardings --------------------------------------------------------------------------
+
+def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
+  """Mesh with axes (data, fsdp, expert, tensor); one axis may be -1 (= the remaining devices)."""
+  devices = jax.devices() if devices is None else devices
+  sizes = [int(mesh_config.shape.get(a, 1)) for a in MESH_AXES]
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if len(devices) % known:
+      raise config_lib.ConfigError(f"mesh.shape: {dict(mesh_config.shape)} does not divide {len(devices)} devices")
+    sizes[sizes.index(-1)] = len(devices) // known
+  if math.prod(sizes) != len(devices):
+    raise config_lib.ConfigError(
+        f"mesh.shape: {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, found {len(devices)}")
+  device_grid = mesh_utils.create_device_mesh(sizes, devices=devices, allow_split_physical_axes=True)
+  return Mesh(device_grid, MESH_AXES)
+
+
+def axis_rules(config: ml_collections.ConfigDict) -> tuple:
+  return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in config.mesh.axis_rules)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def check_batch_fits_mesh(config, mesh: Mesh) -> None:
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if config.data.batch_size % shards:
+    raise config_lib.ConfigError(
+        f"data.batch_size: {config.data.batch_size} is not divisible by the {shards} batch shards "
+        f"(mesh data x fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']})")
+
+
+# ---- optimiser and state -------------------------------------------------------------------------
+
+def make_schedule(opt_config, num_steps: int) -> optax.Schedule:
+  warmup = min(int(opt_config.warmup_steps), max(num_steps - 1, 0))
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=opt_config.lr, warmup_steps=warmup, decay_steps=max(num_steps, warmup + 1),
+      end_value=opt_config.lr * opt_config.end_lr_fraction)
+
+
+_DECAYED_LEAVES = ("kernel", "embedding", "gate_proj", "up_proj", "down_proj")
+
+
+def _decay_mask(params):
+  """Weight decay on matrices (kernels, embedding, expert weights), not on norm/router scales or scalars."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) in _DECAYED_LEAVES, params)
+
+
+def make_optimizer(opt_config, num_steps: int) -> optax.GradientTransformation:
+  return optax.chain(
+      optax.clip_by_global_norm(opt_config.grad_clip),
+      optax.adamw(make_schedule(opt_config, num_steps), b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps,
+                  weight_decay=opt_config.weight_decay, mask=_decay_mask),
+  )
+
+
+def init_inputs(model_cfg: ModelConfig, seq_len: int, canvas_len: int) -> tuple:
+  ctx_len = seq_len - canvas_len
+  ids = lambda n: jnp.zeros((1, n), jnp.int32)
+  pos = lambda n: jnp.arange(n, dtype=jnp.int32)[None]
+  seg = lambda n: jnp.ones((1, n), jnp.int32)
+  return ids(ctx_len), pos(ctx_len), seg(ctx_len), ids(canvas_len), pos(canvas_len) + ctx_len, seg(canvas_len)
+
+
+def abstract_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer) -> tuple[Callable, Any, Any]:
+  """Returns (init_fn(rng) -> boxed TrainState, abstract unboxed state, state shardings), allocating nothing."""
+  model = Transformer(model_cfg)
+  inputs = init_inputs(model_cfg, config.data.seq_len, config.diffusion.canvas_len)
+
+  def init_fn(rng):
+    params = model.init(rng, *inputs)["params"]
+    opt_state = optimizer.init(params)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+
+  boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+  specs = nn.get_partition_spec(boxed)
+  with nn.logical_axis_rules(axis_rules(config)):
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, axis_rules(config))
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          nn.unbox(boxed), shardings)
+  return init_fn, abstract, shardings
+
+
+def create_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer, rng) -> tuple[TrainState, Any]:
+  init_fn, _, shardings = abstract_train_state(model_cfg, config, mesh, optimizer)
+  state = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=shardings)(rng)
+  return state, shardings
+
+
+# ---- steps ---------------------------------------------------------------------------------------
+
+def make_train_step(model_cfg: ModelConfig, loss_cfg: diffusion.DiffusionLossConfig, optimizer,
+                    schedule: optax.Schedule):
+  def train_step(state: TrainState, batch: dict, base_rng: jax.Array):
+    rng = jax.random.fold_in(base_rng, state.step)
+    loss_fn = functools.partial(diffusion.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg)
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, rng)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state.step))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return train_step
+
+
+def make_eval_step(model_cfg: ModelConfig, loss_cfg: diffusion.DiffusionLossConfig):
+  def eval_step(params, batch, rng):
+    _, metrics = diffusion.diffusion_loss(params, batch, rng, model_cfg=model_cfg, loss_cfg=loss_cfg)
+    return metrics
+  return eval_step
+
+
+def device_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
+
+
+# ---- the loop ------------------------------------------------------------------------------------
+
+class MetricWriter:
+  """Console (absl log), TensorBoard event files (tensorboardX) and metrics.jsonl in the workdir."""
+
+  def __init__(self, workdir: Path, enabled: bool = True):
+    self.enabled = enabled and jax.process_index() == 0
+    self.jsonl = workdir / "metrics.jsonl"
+    self.tb = None
+    if self.enabled:
+      from tensorboardX import SummaryWriter
+      self.tb = SummaryWriter(str(workdir / "tensorboard"))
+
+  def write(self, step: int, metrics: dict[str, float], prefix: str = "train") -> None:
+    if not self.enabled:
+      return
+    for k, v in metrics.items():
+      self.tb.add_scalar(f"{prefix}/{k}", v, step)
+    with open(self.jsonl, "a") as f:
+      f.write(json.dumps({"step": step, "split": prefix, **{k: float(v) for k, v in metrics.items()}}) + "\n")
+    logging.info("[%s] step %d: %s", prefix, step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.flush()
+      self.tb.close()
+
+
+def evaluate(eval_step, params, data_iter: Iterator, num_batches: int, sharding, rng) -> dict[str, float]:
+  totals: dict[str, float] = {}
+  weights = 0.0
+  for i in range(num_batches):
+    m = jax.device_get(eval_step(params, device_batch(next(data_iter), sharding), jax.random.fold_in(rng, i)))
+    w = float(m["canvas_tokens"])
+    weights += w
+    for k, v in m.items():
+      if k != "canvas_tokens":
+        totals[k] = totals.get(k, 0.0) + float(v) * w
+  return {k: v / max(weights, 1.0) for k, v in totals.items()}
+
+
+def prepare_data(config):
+  """Builds the dataset and tokenizer once (process 0 first on multi-host runs), then opens them."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    if jax.process_index() == 0:
+      data_pipeline.prepare(config)
+    multihost_utils.sync_global_devices("dgemma_prepare_data")
+  return data_pipeline.prepare(config)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_after_steps: int | None = None) -> TrainState:
+  """Trains (resuming from the latest checkpoint in workdir/checkpoints) and returns the final state.
+
+  `stop_after_steps` ends this run early (as a preemption would) after that many steps of this
+  invocation, saving a checkpoint; the schedule still follows config.train.num_steps.
+  """
+  model_cfg = config_lib.validate(config)  # bad config -> one clear error, before any work
+  workdir_path = Path(workdir)
+  workdir_path.mkdir(parents=True, exist_ok=True)
+  mesh = make_mesh(config.mesh)
+  check_batch_fits_mesh(config, mesh)
+
+  prepared = prepare_data(config)
+  if prepared.tokenizer.vocab_size > model_cfg.vocab_size:
+    raise config_lib.ConfigError(f"model.vocab_size: {model_cfg.vocab_size} is smaller than the tokenizer's "
+                                 f"vocabulary ({prepared.tokenizer.vocab_size})")
+  checkpointing.write_text_atomic(workdir_path / "config.json", config_lib.to_json(config))
+
+  loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
+  num_steps = int(config.train.num_steps)
+  schedule = make_schedule(config.opt, num_steps)
+  optimizer = make_optimizer(config.opt, num_steps)
+  _, abstract_state, state_shardings = abstract_train_state(model_cfg, config, mesh, optimizer)
+  data_sharding = batch_sharding(mesh)
+
+  manager = checkpointing.make_manager(workdir, keep=config.train.keep_checkpoints,
+                                       async_save=config.train.async_checkpointing)
+  train_iter = data_pipeline.make_iterator(config, prepared, "train", shard_index=jax.process_index(),
+                                           shard_count=jax.process_count())
+  latest = manager.latest_step()
+  if latest is not None:
+    state, data_state = checkpointing.restore(manager, latest, abstract_state)
+    if data_state is not None:
+      train_iter.set_state(data_state)
+    logging.info("Resumed from step %d (%s)", latest, checkpointing.checkpoint_dir(workdir))
+  else:
+    state, _ = create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(config.seed))
+
+  base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+  eval_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 2)
+  train_step = jax.jit(make_train_step(model_cfg, loss_cfg, optimizer, schedule),
+                       in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
+                       donate_argnums=(0,))
+  eval_step = jax.jit(make_eval_step(model_cfg, loss_cfg), in_shardings=(state_shardings.params, data_sharding, None))
+  writer = MetricWriter(workdir_path)
+
+  start_step = int(state.step)
+  end_step = num_steps if stop_after_steps is None else min(num_steps, start_step + stop_after_steps)
+  tokens_per_step = config.data.batch_size * config.data.seq_len
+  bar = None
+  if config.train.progress_bar and jax.process_index() == 0:
+    from tqdm import tqdm
+    bar = tqdm(total=num_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+  window_start, window_steps, pending = time.perf_counter(), 0, []
+  with mesh:
+    for step in range(start_step, end_step):
+      batch = device_batch(next(train_iter), data_sharding)
+      state, metrics = train_step(state, batch, base_rng)
+      pending.append(metrics)
+      window_steps += 1
+      done = step + 1
+      if done % config.train.log_every == 0 or done == end_step:
+        averaged = {k: float(np.mean([jax.device_get(m[k]) for m in pending])) for k in pending[-1]}
+        elapsed = time.perf_counter() - window_start
+        averaged["tokens_per_sec"] = window_steps * tokens_per_step / max(elapsed, 1e-9)
+        writer.write(done, averaged)
+        if bar is not None:
+          bar.set_postfix(loss=f"{averaged['loss']:.3f}", tok_s=f"{averaged['tokens_per_sec']:.0f}")
+        window_start, window_steps, pending = time.perf_counter(), 0, []
+      if bar is not None:
+        bar.update(1)
+      if done % config.train.eval_every == 0 or done == num_steps:
+        eval_iter = data_pipeline.make_iterator(config, prepared, config.eval.split,
+                                                shard_index=jax.process_index(), shard_count=jax.process_count())
+        writer.write(done, evaluate(eval_step, state.params, eval_iter, config.train.eval_batches,
+                                    data_sharding, eval_rng), prefix="eval")
+        window_start = time.perf_counter()  # do not count evaluation in tokens/s
+      if done % config.train.ckpt_every == 0 or done == end_step:
+        checkpointing.save(manager, done, state, train_iter.get_state())
+  manager.wait_until_finished()
+  manager.close()
+  writer.close()
+  if bar is not None:
+    bar.close()
+  return state
+
+
+def load_params(workdir: str, config: ml_collections.ConfigDict, step: int = -1) -> tuple[ModelConfig, Any, int]:
+  """Restores the params of a training run (latest step when step < 0) onto one host's devices."""
+  model_cfg = config_lib.validate(config)
+  ckpt_root = checkpointing.checkpoint_dir(workdir)
+  if not ckpt_root.is_dir():
+    raise FileNotFoundError(f"--workdir: no checkpoints in {ckpt_root} (train first: python train.py --workdir={workdir})")
+  manager = checkpointing.make_manager(workdir, read_only=True, async_save=False)
+  steps = manager.all_steps()
+  if not steps:
+    raise FileNotFoundError(f"--workdir: {ckpt_root} holds no finished checkpoint")
+  if step >= 0 and step not in steps:
+    raise FileNotFoundError(f"sample.checkpoint_step: step {step} not in {ckpt_root} (have {sorted(steps)})")
+  step = max(steps) if step < 0 else step
+  mesh = make_mesh(ml_collections.ConfigDict(dict(shape=dict(data=-1, fsdp=1, expert=1, tensor=1))))
+  optimizer = make_optimizer(config.opt, int(config.train.num_steps))
+  with mesh:
+    _, abstract_state, _ = abstract_train_state(model_cfg, config, mesh, optimizer)
+    state, _ = checkpointing.restore(manager, step, abstract_state, with_data=False)
+  manager.close()
+  return model_cfg, state.params, step
