@@ -121,12 +121,25 @@ def abstract_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer) 
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
   boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
-  specs = nn.get_partition_spec(boxed)
-  with nn.logical_axis_rules(axis_rules(config)):
-    shardings = nn.logical_to_mesh_sharding(specs, mesh, axis_rules(config))
-  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          nn.unbox(boxed), shardings)
+  mesh_specs = nn.logical_to_mesh(nn.get_partition_spec(boxed), axis_rules(config))
+  unboxed = nn.unbox(boxed)
+  shardings = jax.tree.map(lambda x, spec: NamedSharding(mesh, fit_spec_to_shape(spec, x.shape, mesh)),
+                           unboxed, mesh_specs, is_leaf=lambda x: isinstance(x, P))
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), unboxed, shardings)
   return init_fn, abstract, shardings
+
+
+def fit_spec_to_shape(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
+  """Drops mesh axes from dimensions they do not divide (e.g. 1 global KV head over tensor=2): that
+  dimension is replicated instead, so every preset runs on every mesh."""
+  fitted = []
+  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+    kept = tuple(a for a in names if a in mesh.shape)
+    if kept and dim % math.prod(mesh.shape[a] for a in kept):
+      kept = ()
+    fitted.append(None if not kept else (kept[0] if len(kept) == 1 else kept))
+  return P(*fitted)
 
 
 def create_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer, rng) -> tuple[TrainState, Any]:
@@ -266,31 +279,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
     from tqdm import tqdm
     bar = tqdm(total=num_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
   window_start, window_steps, pending = time.perf_counter(), 0, []
-  with mesh:
-    for step in range(start_step, end_step):
-      batch = device_batch(next(train_iter), data_sharding)
-      state, metrics = train_step(state, batch, base_rng)
-      pending.append(metrics)
-      window_steps += 1
-      done = step + 1
-      if done % config.train.log_every == 0 or done == end_step:
-        averaged = {k: float(np.mean([jax.device_get(m[k]) for m in pending])) for k in pending[-1]}
-        elapsed = time.perf_counter() - window_start
-        averaged["tokens_per_sec"] = window_steps * tokens_per_step / max(elapsed, 1e-9)
-        writer.write(done, averaged)
-        if bar is not None:
-          bar.set_postfix(loss=f"{averaged['loss']:.3f}", tok_s=f"{averaged['tokens_per_sec']:.0f}")
-        window_start, window_steps, pending = time.perf_counter(), 0, []
+  for step in range(start_step, end_step):
+    batch = device_batch(next(train_iter), data_sharding)
+    state, metrics = train_step(state, batch, base_rng)
+    pending.append(metrics)
+    window_steps += 1
+    done = step + 1
+    if done % config.train.log_every == 0 or done == end_step:
+      averaged = {k: float(np.mean([jax.device_get(m[k]) for m in pending])) for k in pending[-1]}
+      elapsed = time.perf_counter() - window_start
+      averaged["tokens_per_sec"] = window_steps * tokens_per_step / max(elapsed, 1e-9)
+      writer.write(done, averaged)
       if bar is not None:
-        bar.update(1)
-      if done % config.train.eval_every == 0 or done == num_steps:
-        eval_iter = data_pipeline.make_iterator(config, prepared, config.eval.split,
-                                                shard_index=jax.process_index(), shard_count=jax.process_count())
-        writer.write(done, evaluate(eval_step, state.params, eval_iter, config.train.eval_batches,
-                                    data_sharding, eval_rng), prefix="eval")
-        window_start = time.perf_counter()  # do not count evaluation in tokens/s
-      if done % config.train.ckpt_every == 0 or done == end_step:
-        checkpointing.save(manager, done, state, train_iter.get_state())
+        bar.set_postfix(loss=f"{averaged['loss']:.3f}", tok_s=f"{averaged['tokens_per_sec']:.0f}")
+      window_start, window_steps, pending = time.perf_counter(), 0, []
+    if bar is not None:
+      bar.update(1)
+    if done % config.train.eval_every == 0 or done == num_steps:
+      eval_iter = data_pipeline.make_iterator(config, prepared, config.eval.split,
+                                              shard_index=jax.process_index(), shard_count=jax.process_count())
+      writer.write(done, evaluate(eval_step, state.params, eval_iter, config.train.eval_batches,
+                                  data_sharding, eval_rng), prefix="eval")
+      window_start = time.perf_counter()  # do not count evaluation in tokens/s
+    if done % config.train.ckpt_every == 0 or done == end_step:
+      checkpointing.save(manager, done, state, train_iter.get_state())
   manager.wait_until_finished()
   manager.close()
   writer.close()
@@ -314,8 +326,7 @@ def load_params(workdir: str, config: ml_collections.ConfigDict, step: int = -1)
   step = max(steps) if step < 0 else step
   mesh = make_mesh(ml_collections.ConfigDict(dict(shape=dict(data=-1, fsdp=1, expert=1, tensor=1))))
   optimizer = make_optimizer(config.opt, int(config.train.num_steps))
-  with mesh:
-    _, abstract_state, _ = abstract_train_state(model_cfg, config, mesh, optimizer)
-    state, _ = checkpointing.restore(manager, step, abstract_state, with_data=False)
+  _, abstract_state, _ = abstract_train_state(model_cfg, config, mesh, optimizer)
+  state, _ = checkpointing.restore(manager, step, abstract_state, with_data=False)
   manager.close()
   return model_cfg, state.params, step

@@ -2,12 +2,22 @@
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 
 # Keep tests on CPU, deterministic, and quiet.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# XLA compiles slowly on this 2-core CPU; many tests (and their subprocesses) compile the same tiny
+# programs, so share compiled executables through JAX's persistent cache (ignored by git).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# Tests run tiny programs: compile time dominates, so trade run-time optimisation for compile speed
+# (same results up to float round-off; exactness tests compare runs made under the same flags).
+FAST_COMPILE_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+os.environ.setdefault("XLA_FLAGS", FAST_COMPILE_XLA_FLAGS)
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 _WORDS = ("the king queen crown sword night day love death fair foul heart blood tears sweet "
           "lord lady speak hence thou thee thy art doth hath noble gentle wretched bright").split()

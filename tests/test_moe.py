@@ -1,6 +1,9 @@
 """MoE branch: router semantics, ragged (sorted + ragged_dot) == dense == per-expert loop, grads."""
 
 import dataclasses
+import os
+
+# See test_model.py: halves XLA CPU compile time when set before JAX creates its CPU client.
 
 import chex
 import flax.linen as nn

@@ -15,6 +15,7 @@ import pytest
 from dgemma import checkpointing, diffusion, trainer
 from dgemma import config as config_lib
 from dgemma.data import pipeline
+from tests.conftest import FAST_COMPILE_XLA_FLAGS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,7 +149,8 @@ print(json.dumps(results))
 
 
 def test_eight_virtual_devices_match_one_device(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_COMPILE_XLA_FLAGS}")
   out = subprocess.run([sys.executable, "-c", _MULTI_DEVICE_SCRIPT, str(REPO), str(tmp_path)], env=env,
                        capture_output=True, text=True, timeout=600, cwd=REPO)
   assert out.returncode == 0, out.stderr[-4000:]

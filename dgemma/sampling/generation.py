@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from dgemma.model import init_cache
@@ -108,10 +109,10 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
   _, cache = apply(prompt_BP.astype(jnp.int32), prompt_pos_BP, prompt_seg_BP, cache,
                    return_logits=False, method="encode")
 
-  if fixed_mask_BN is not None:  # infilling targets, padded to whole canvases
-    pad = M - max_new_tokens
-    fixed_BM = jnp.pad(fixed_BN.astype(jnp.int32), ((0, 0), (0, pad)))
-    fixed_mask_BM = jnp.pad(fixed_mask_BN.astype(bool), ((0, 0), (0, pad)))
+  # infilling targets, padded to whole canvases (an all-False mask when not infilling: one program)
+  pad = M - max_new_tokens
+  fixed_BM = jnp.pad(fixed_BN.astype(jnp.int32), ((0, 0), (0, pad)))
+  fixed_mask_BM = jnp.pad(fixed_mask_BN.astype(bool), ((0, 0), (0, pad)))
 
   record = trajectory in ("first", "all")
   iota_C = jnp.arange(C, dtype=jnp.int32)
@@ -128,12 +129,11 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
       return apply(canvas_BC, pos_BC, ones_BC, st.cache, sc_logits_BCV=sc_logits_BCV, sc_mask_B=sc_mask_B,
                    method="decode")
 
-    fixed_BC = fixed_mask_BC = None
-    if fixed_mask_BN is not None:
-      fixed_BC = jax.lax.dynamic_slice_in_dim(fixed_BM, k * C, C, axis=1)
-      fixed_mask_BC = jax.lax.dynamic_slice_in_dim(fixed_mask_BM, k * C, C, axis=1)
+    fixed_BC = jax.lax.dynamic_slice_in_dim(fixed_BM, k * C, C, axis=1)
+    fixed_mask_BC = jax.lax.dynamic_slice_in_dim(fixed_mask_BM, k * C, C, axis=1)
     den = denoise_canvas(decode_fn, cfg, noise, noise.init_canvas(k, C, vocab), vocab, canvas_idx=k,
-                         done_B=st.ended_B, fixed_BC=fixed_BC, fixed_mask_BC=fixed_mask_BC, record=record)
+                         done_B=st.ended_B, fixed_BC=fixed_BC, fixed_mask_BC=fixed_mask_BC, record=record,
+                         sc_dtype=jnp.dtype(mcfg.param_dtype))
 
     # 3. cut after the first end token; ended rows contribute nothing
     cut_BC, valid_BC, has_end_B = cut_after_end(den.argmax_BC, cfg.end_ids, cfg.pad_id)
@@ -203,6 +203,10 @@ def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: Sam
   lengths_B = jnp.asarray(prompt_lengths_B, jnp.int32)
   if lengths_B.shape != (batch,):
     raise ValueError(f"prompt_lengths_B: expected shape ({batch},), got {lengths_B.shape}")
+  if not isinstance(lengths_B, jax.core.Tracer):
+    host_lengths = np.asarray(lengths_B)
+    if host_lengths.size and (host_lengths.min() < 1 or host_lengths.max() > prompt_BP.shape[1]):
+      raise ValueError(f"prompt_lengths_B: every length must be in [1, {prompt_BP.shape[1]}], got {host_lengths}")
   if int(max_new_tokens) <= 0:
     raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
   if return_trajectory is True:
@@ -212,13 +216,27 @@ def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: Sam
     raise ValueError(f"return_trajectory: expected False, True, 'first' or 'all', got {return_trajectory!r}")
   if (infill_tokens_BN is None) != (infill_mask_BN is None):
     raise ValueError("infill_tokens_BN and infill_mask_BN go together")
-  if infill_mask_BN is not None:
-    infill_tokens_BN = jnp.asarray(infill_tokens_BN, jnp.int32)
-    infill_mask_BN = jnp.asarray(infill_mask_BN, bool)
-    for name, x in (("infill_tokens_BN", infill_tokens_BN), ("infill_mask_BN", infill_mask_BN)):
-      if x.shape != (batch, max_new_tokens):
-        raise ValueError(f"{name}: expected shape {(batch, max_new_tokens)}, got {x.shape}")
+  if infill_mask_BN is None:
+    infill_tokens_BN = np.zeros((batch, max_new_tokens), np.int32)
+    infill_mask_BN = np.zeros((batch, max_new_tokens), bool)
+  infill_tokens_BN = jnp.asarray(infill_tokens_BN, jnp.int32)
+  infill_mask_BN = jnp.asarray(infill_mask_BN, bool)
+  for name, x in (("infill_tokens_BN", infill_tokens_BN), ("infill_mask_BN", infill_mask_BN)):
+    if x.shape != (batch, max_new_tokens):
+      raise ValueError(f"{name}: expected shape {(batch, max_new_tokens)}, got {x.shape}")
   if isinstance(rng, int):
     rng = jax.random.key(rng)
   return _generate_jit(model, sampler_cfg, int(max_new_tokens), traj, params, prompt_BP, lengths_B, rng,
                        infill_tokens_BN, infill_mask_BN)
+
+
+def trajectory_steps(traj: Trajectory, row: int = 0, canvas: int = 0):
+  """One row's record of one canvas as numpy, the steps it ran only: (tokens_SC, accepted_SC,
+  entropy_SC), tokens being what the step produced before re-noising (where(accepted, sampled,
+  canvas)): the inputs of `dgemma.report.trajectory_html`. `canvas` indexes the trajectory's
+  leading axis (always 0 for return_trajectory='first')."""
+  t = jax.tree.map(lambda x: np.asarray(x[canvas]), traj)
+  steps = np.flatnonzero(t.active_SB[:, row])
+  accepted = t.accepted_SBC[steps, row]
+  tokens = np.where(accepted, t.sampled_SBC[steps, row], t.canvas_SBC[steps, row])
+  return tokens, accepted, t.entropy_SBC[steps, row]

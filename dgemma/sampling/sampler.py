@@ -242,7 +242,7 @@ class DenoiseState:
 
   step: jax.Array            # int32 [], next step to run (0-based)
   canvas_BC: jax.Array       # int32, the decoder input
-  sc_logits_BCV: jax.Array   # fp32, processed logits of the previous step (self-conditioning)
+  sc_logits_BCV: jax.Array   # processed logits of the previous step (self-conditioning), sc dtype
   argmax_BC: jax.Array       # int32, the latest argmax canvas (-1 before the first step)
   stable_B: jax.Array        # int32, consecutive steps with an unchanged argmax canvas
   done_B: jax.Array          # bool, row finished (stable and confident, or inactive from the start)
@@ -297,7 +297,8 @@ def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, cfg: SamplerConfi
   # 7. finished rows stop changing (HF freezes canvas, argmax and self-conditioning logits)
   canvas_BC = jnp.where(done_B[:, None], state.canvas_BC, canvas_BC)
   argmax_BC = jnp.where(done_B[:, None], state.argmax_BC, argmax_BC)
-  sc_BCV = jnp.where(done_B[:, None, None], state.sc_logits_BCV, proc_BCV)
+  # (stored in the embedding dtype, as HF does: `processed_logits.to(embed_tokens.weight.dtype)`)
+  sc_BCV = jnp.where(done_B[:, None, None], state.sc_logits_BCV, proc_BCV.astype(state.sc_logits_BCV.dtype))
   #    stable: the argmax canvas equals the previous `stability_threshold` ones; confident: mean H
   same_B = jnp.all(argmax_BC == state.argmax_BC, axis=-1)
   stable_B = jnp.where(same_B, state.stable_B + 1, 0)
@@ -326,12 +327,12 @@ def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, cfg: SamplerConfi
 
 
 def init_state(init_canvas_BC: jax.Array, vocab_size: int, *, done_B: jax.Array | None = None,
-               steps: int = 0, record: bool = False) -> DenoiseState:
+               steps: int = 0, record: bool = False, sc_dtype=jnp.float32) -> DenoiseState:
   batch, canvas_len = init_canvas_BC.shape
   return DenoiseState(
       step=jnp.zeros((), jnp.int32),
       canvas_BC=init_canvas_BC.astype(jnp.int32),
-      sc_logits_BCV=jnp.zeros((batch, canvas_len, vocab_size), jnp.float32),
+      sc_logits_BCV=jnp.zeros((batch, canvas_len, vocab_size), sc_dtype),
       argmax_BC=jnp.full((batch, canvas_len), -1, jnp.int32),
       stable_B=jnp.zeros((batch,), jnp.int32),
       done_B=jnp.zeros((batch,), bool) if done_B is None else done_B,
@@ -342,7 +343,7 @@ def init_state(init_canvas_BC: jax.Array, vocab_size: int, *, done_B: jax.Array 
 def denoise_canvas(decode_fn: DecodeFn, cfg: SamplerConfig, noise: Any, init_canvas_BC: jax.Array,
                    vocab_size: int, *, canvas_idx=0, done_B: jax.Array | None = None,
                    fixed_BC: jax.Array | None = None, fixed_mask_BC: jax.Array | None = None,
-                   record: bool = False) -> DenoiseState:
+                   record: bool = False, sc_dtype=jnp.float32) -> DenoiseState:
   """Denoises one canvas; traceable (call under `jax.jit`).
 
   decode_fn(canvas_BC, sc_logits_BCV, sc_mask_B) -> logits_BCV runs the decoder against the cache.
@@ -350,6 +351,7 @@ def denoise_canvas(decode_fn: DecodeFn, cfg: SamplerConfig, noise: Any, init_can
   done_B: rows that take no step (e.g. already ended); they keep the initial state.
   fixed_BC / fixed_mask_BC: infilling; masked positions hold the given token throughout and in the
     output, are never re-noised, and do not count against the acceptance budget.
+  sc_dtype: dtype the self-conditioning logits are kept in (HF: the embedding dtype).
   Returns the final state: `argmax_BC` is the canvas result, `num_forwards_B` the passes per row,
   `traj` the per-step record when `record`.
   """
@@ -357,7 +359,7 @@ def denoise_canvas(decode_fn: DecodeFn, cfg: SamplerConfig, noise: Any, init_can
   if fixed_mask_BC is not None:
     fixed_BC = fixed_BC.astype(jnp.int32)
     init_canvas_BC = jnp.where(fixed_mask_BC, fixed_BC, init_canvas_BC)
-  state = init_state(init_canvas_BC, vocab_size, done_B=done_B, steps=steps, record=record)
+  state = init_state(init_canvas_BC, vocab_size, done_B=done_B, steps=steps, record=record, sc_dtype=sc_dtype)
   step_fn = lambda st: _denoise_step(st, decode_fn=decode_fn, cfg=cfg, noise=noise, canvas_idx=canvas_idx,
                                      fixed_BC=fixed_BC, fixed_mask_BC=fixed_mask_BC)
   if cfg.early_exit:

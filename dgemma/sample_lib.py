@@ -1,0 +1,92 @@
+"""Sampling from a training run: load its checkpoint and config, encode a prompt, generate, decode.
+
+`sample_from_workdir` is what `sample.py` calls. The model, data and diffusion settings come from the
+run's own `config.json` (the checkpoint must be read with the architecture it was trained with); the
+`sample` group comes from the config given on the command line, when one is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+import jax
+import ml_collections
+import numpy as np
+
+from dgemma import checkpointing, report, trainer
+from dgemma import config as config_lib
+from dgemma.data import pipeline as data_pipeline
+from dgemma.model import Transformer
+from dgemma.sampling import GenerateOutput, SamplerConfig, generate
+
+
+def run_config(workdir: str | Path, override: Optional[ml_collections.ConfigDict] = None) -> ml_collections.ConfigDict:
+  """The run's saved config, with `sample` (and `seed`) taken from `override` when given."""
+  saved_path = Path(workdir) / "config.json"
+  if not saved_path.exists():
+    raise FileNotFoundError(f"--workdir: {saved_path} not found: is {workdir} a dgemma training workdir?")
+  config = config_lib.from_json(saved_path.read_text())
+  if override is not None:
+    config.sample = override.sample
+  return config
+
+
+@dataclasses.dataclass
+class Samples:
+  texts: list[str]
+  output: GenerateOutput
+  step: int
+
+
+def sample_from_workdir(workdir: str, config: Optional[ml_collections.ConfigDict] = None, *,
+                        steps: Optional[int] = None, seed: Optional[int] = None,
+                        temperature: Optional[float] = None, print_fn=print) -> Samples:
+  config = run_config(workdir, config)
+  if steps is not None:
+    config.sample.max_denoising_steps = steps
+  if seed is not None:
+    config.sample.seed = seed
+  if temperature is not None:
+    config.sample.t_max = config.sample.t_min = temperature
+  config_lib.validate(config)
+  sampler_cfg = SamplerConfig.from_config(config)  # bad sampler settings fail before any loading
+  model_cfg, params, step = trainer.load_params(workdir, config, config.sample.checkpoint_step)
+  tokenizer = data_pipeline.prepare(config).tokenizer
+
+  n = int(config.sample.num_samples)
+  prompt_ids = [tokenizer.bos_id] + tokenizer.encode(config.sample.prompt)
+  prompts_BP = np.tile(np.asarray(prompt_ids, np.int32)[None], (n, 1))
+  lengths_B = np.full((n,), len(prompt_ids), np.int32)
+  want_traj = bool(config.sample.trajectory_html)
+  out = generate(Transformer(model_cfg), params, prompts_BP, lengths_B, sampler_cfg,
+                 jax.random.key(config.sample.seed), int(config.sample.max_new_tokens),
+                 return_trajectory=want_traj)
+  out = jax.device_get(out)
+  texts = [tokenizer.decode(out.tokens_BN[b, :out.lengths_B[b]].tolist()) for b in range(n)]
+  lines = []
+  for b, text in enumerate(texts):
+    lines.append(f"--- sample {b} (step {step}, {int(out.num_forwards_B[b])} decoder passes, "
+                 f"{float(out.tokens_per_forward_B[b]):.2f} tokens/pass) ---")
+    lines.append(config.sample.prompt + text)
+  print_fn("\n".join(lines))
+  checkpointing.write_text_atomic(Path(workdir) / "samples.txt", "\n".join(lines) + "\n")
+  if want_traj:
+    write_trajectory_html(out, tokenizer, config.sample.trajectory_html, prompt=config.sample.prompt)
+    print_fn(f"trajectory written to {config.sample.trajectory_html}")
+  return Samples(texts=texts, output=out, step=step)
+
+
+def write_trajectory_html(out: GenerateOutput, tokenizer, path: str, prompt: str = "", row: int = 0) -> None:
+  """Renders the first canvas of `row`: each step's sampled tokens, accepted ones highlighted."""
+  traj = out.trajectory  # leaves [K, S, B, ...]: K canvases, S steps
+  active = np.asarray(traj.active_SB)[0, :, row]
+  sampled = np.asarray(traj.sampled_SBC)[0]
+  accepted = np.asarray(traj.accepted_SBC)[0]
+  entropy = np.asarray(traj.entropy_SBC)[0]
+  steps = [s for s in range(sampled.shape[0]) if active[s]]
+  pieces = [[tokenizer.decode([int(t)]) or "·" for t in sampled[s, row]] for s in steps]
+  html = report.trajectory_html(pieces, accepted[steps, row], entropy[steps, row],
+                                title="dgemma: one canvas being denoised", prompt=prompt)
+  checkpointing.write_text_atomic(path, html)
