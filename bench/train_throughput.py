@@ -62,7 +62,8 @@ def main(argv):
   jax.block_until_ready(m)
   sec_per_step = (time.perf_counter() - t0) / _STEPS.value
   tokens = config.data.batch_size * config.data.seq_len
-  total, active = count_params(model_cfg)
+  counts = count_params(model_cfg)
+  total, active = counts['total'], counts['active']
   # Forward+backward = 6 FLOPs per active parameter per token; the self-conditioning first pass
   # over the canvas is a forward only (2 per parameter) on canvas tokens.
   canvas_frac = config.diffusion.canvas_len / config.data.seq_len

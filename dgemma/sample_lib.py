@@ -19,7 +19,7 @@ from dgemma import checkpointing, report, trainer
 from dgemma import config as config_lib
 from dgemma.data import pipeline as data_pipeline
 from dgemma.model import Transformer
-from dgemma.sampling import GenerateOutput, SamplerConfig, generate
+from dgemma.sampling import GenerateOutput, SamplerConfig, generate, trajectory_steps
 
 
 def run_config(workdir: str | Path, override: Optional[ml_collections.ConfigDict] = None) -> ml_collections.ConfigDict:
@@ -79,14 +79,9 @@ def sample_from_workdir(workdir: str, config: Optional[ml_collections.ConfigDict
 
 
 def write_trajectory_html(out: GenerateOutput, tokenizer, path: str, prompt: str = "", row: int = 0) -> None:
-  """Renders the first canvas of `row`: each step's sampled tokens, accepted ones highlighted."""
-  traj = out.trajectory  # leaves [K, S, B, ...]: K canvases, S steps
-  active = np.asarray(traj.active_SB)[0, :, row]
-  sampled = np.asarray(traj.sampled_SBC)[0]
-  accepted = np.asarray(traj.accepted_SBC)[0]
-  entropy = np.asarray(traj.entropy_SBC)[0]
-  steps = [s for s in range(sampled.shape[0]) if active[s]]
-  pieces = [[tokenizer.decode([int(t)]) or "·" for t in sampled[s, row]] for s in steps]
-  html = report.trajectory_html(pieces, accepted[steps, row], entropy[steps, row],
-                                title="dgemma: one canvas being denoised", prompt=prompt)
+  """Renders the first canvas of `row`: per step, the tokens it produced (accepted ones highlighted)."""
+  tokens_SC, accepted_SC, entropy_SC = trajectory_steps(out.trajectory, row=row)
+  pieces = [[tokenizer.decode([int(t)]) or "\u00b7" for t in step] for step in tokens_SC]
+  html = report.trajectory_html(pieces, accepted_SC, entropy_SC, title="dgemma: one canvas being denoised",
+                                prompt=prompt)
   checkpointing.write_text_atomic(path, html)

@@ -1,0 +1,66 @@
+"""dgemma.tools.params: the CLI on the 26B preset and an experiment config; exact counts on tiny."""
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import demo
+from configs.models import tiny
+from dgemma.model import ModelConfig, Transformer
+from dgemma.tools import params as params_tool
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_cli(config_path: str) -> str:
+  out = subprocess.run([sys.executable, "-m", "dgemma.tools.params", f"--config={config_path}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  return out.stdout
+
+
+def _count(text: str, label: str) -> int:
+  return int(re.search(rf"^{label}:\s+([\d,]+)", text, re.M).group(1).replace(",", ""))
+
+
+def test_cli_26b_preset():
+  text = _run_cli("configs/models/diffusiongemma_26b_a4b.py")
+  total, active = _count(text, "total parameters"), _count(text, "active per token")
+  assert 25.0e9 < total < 25.5e9, total
+  assert 3.7e9 < active < 3.95e9, active
+  rows = {m[0]: (int(m[1].replace(",", "")), int(m[2].replace(",", "")))
+          for m in re.findall(r"^(\w+)\s+([\d,]+)\s+([\d,]+)\s+[\d.]+%$", text, re.M)}
+  assert set(rows) == set(params_tool.COMPONENTS), rows
+  assert sum(t for t, _ in rows.values()) == total and sum(a for _, a in rows.values()) == active
+  assert rows["experts"][1] * 16 == rows["experts"][0]  # top-8 of 128
+  nbytes = {m[0]: int(m[1].replace(",", "")) for m in re.findall(r"^  (bf16|int8|int4)\s+([\d,]+)", text, re.M)}
+  assert nbytes["bf16"] == 2 * total
+  assert total < nbytes["int8"] < 1.01 * total   # 1 byte + per-channel scales + bf16 vectors
+  assert 0.5 * total < nbytes["int4"] < 0.51 * total
+
+
+def test_experiment_config_detected():
+  config = demo.get_config()
+  assert params_tool.model_group(config) is config.model
+  preset = tiny.get_config()
+  assert params_tool.model_group(preset) is preset
+
+
+def test_tiny_total_equals_init():
+  cfg = ModelConfig.from_config_dict(tiny.get_config())
+  tok = jnp.zeros((1, 1), jnp.int32)
+  variables = jax.jit(lambda: Transformer(cfg).init(jax.random.key(0), tok, tok, tok, tok, tok, tok))()
+  leaves = jax.tree.leaves(flax.linen.unbox(variables["params"]))
+  s = params_tool.summarize(cfg)
+  assert s["total"] == sum(int(np.size(x)) for x in leaves)
+  n_experts = sum(math.prod(v.shape) for k, v in flax.traverse_util.flatten_dict(
+      flax.linen.unbox(variables["params"])).items() if "experts" in k)
+  assert s["active"] == s["total"] - n_experts // 2  # top-2 of 4 experts
+  assert "tiny" in params_tool.report(cfg, "tiny")
