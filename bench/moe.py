@@ -1,6 +1,6 @@
 """The MoE layer's ragged path vs its dense all-experts path vs a dense GeGLU FFN of equal ACTIVE size.
 
-  .venv/bin/python bench/moe.py [--reps=5]
+  .venv/bin/python bench/moe.py [--reps=3]
 
 `dgemma.model.moe.MoE` (router + experts) with cfg.moe_impl = 'ragged' (tokens sorted by expert,
 `jax.lax.ragged_dot`) and 'dense' (every expert on every token), and `layers.GeGLU` with hidden =
@@ -28,8 +28,8 @@ from dgemma.model import ModelConfig
 from dgemma.model import layers
 from dgemma.model.moe import MoE
 
-_REPS = flags.DEFINE_integer("reps", 5, "Interleaved rounds (each round times every variant).")
-_CALLS = flags.DEFINE_integer("calls", 3, "Calls per variant per round.")
+_REPS = flags.DEFINE_integer("reps", 3, "Interleaved rounds (each round times every variant).")
+_MIN_TIME = flags.DEFINE_float("min_time", 0.3, "Seconds each timing spans at least (calls are repeated).")
 
 # (label, d_model, num_experts, top_k, expert_hidden, tokens)
 _SMALL = small.get_config()
@@ -77,20 +77,24 @@ def build(label: str, D: int, E: int, k: int, F: int, T: int):
   return out
 
 
-def measure(variants, reps: int, calls: int):
+def measure(variants, reps: int, min_time: float):
   """Median seconds per call for each (variant, pass), timed in interleaved rounds."""
   times = {(n, i): [] for n in variants for i in (0, 1)}
-  for n, (f, b, _) in variants.items():  # compile + warm up
-    jax.block_until_ready(f())
-    jax.block_until_ready(b())
+  calls = {}
+  for n, (f, b, _) in variants.items():  # compile, warm up, and size the repeats
+    for i, fn in enumerate((f, b)):
+      jax.block_until_ready(fn())
+      t = time.perf_counter()
+      jax.block_until_ready(fn())
+      calls[(n, i)] = max(1, round(min_time / (time.perf_counter() - t)))
   for _ in range(reps):
     for n, (f, b, _) in variants.items():
       for i, fn in enumerate((f, b)):
         t = time.perf_counter()
-        for _ in range(calls):
+        for _ in range(calls[(n, i)]):
           r = fn()
         jax.block_until_ready(r)
-        times[(n, i)].append((time.perf_counter() - t) / calls)
+        times[(n, i)].append((time.perf_counter() - t) / calls[(n, i)])
   return {key: statistics.median(v) for key, v in times.items()}
 
 
@@ -100,7 +104,7 @@ def main(argv):
   print(f"devices: {jax.devices()[0].platform} x{jax.device_count()}, float32")
   for label, D, E, k, F, T in SIZES:
     variants = build(label, D, E, k, F, T)
-    med = measure(variants, _REPS.value, _CALLS.value)
+    med = measure(variants, _REPS.value, _MIN_TIME.value)
     ref = "GeGLU (k*Fe)"
     print(f"\n{label}: d={D}, {E} experts top-{k}, expert hidden {F} (GeGLU hidden {k * F}), {T} tokens")
     print(f"{'variant':<14} {'fwd ms':>8} {'x GeGLU':>8} {'fwd+bwd ms':>11} {'x GeGLU':>8} "

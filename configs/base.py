@@ -41,6 +41,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.diffusion.t_eps = 1e-4          # t ~ U(t_eps, 1)
   config.diffusion.encoder_loss_weight = 1.0  # next-token CE on the encoder's causal logits (0 = off)
   config.diffusion.self_cond_prob = 0.5  # two-pass self-conditioning training: P(second pass sees pass-1 logits)
+  # Canvas objective (dgemma/objectives.py): 'base_ce' (released: plain CE at every canvas position) |
+  # 'reweighted_ce' (CE * min(-alpha'/alpha, reweight_cap) = 1/(1-t) for the linear schedule) |
+  # 'loo_ce' / 'reweighted_loo_ce' (CE under softmax(f + log(1 + V alpha/(1-alpha)) onehot(x_t))) |
+  # 'nelbo' (continuous-time uniform-state NELBO) | 'mdlm' (masked-diffusion baseline, tokens -> mask_id) |
+  # 'ar' (baseline: causal next-token CE over the whole row, no canvas).
+  config.diffusion.objective = "base_ce"
+  config.diffusion.schedule = "linear"   # alpha(t): 'linear' 1 - t (released) | 'cosine' cos(pi t / 2)
+  config.diffusion.reweight_cap = 10.0   # reweighted_*: cap on the time weight (reached at t = 1 - 1/cap)
+  config.diffusion.mask_id = 4           # objective='mdlm': the mask token (Gemma MASK = 4); must be unused
+  config.diffusion.antithetic_t = False  # t_b = eps + (1-eps) frac(u + b/B): low-variance t (NELBO eval)
 
   # Optimiser: AdamW, linear warmup then cosine decay, global-norm clipping.
   config.opt = ml_collections.ConfigDict()
@@ -52,6 +62,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.opt.eps = 1e-8
   config.opt.weight_decay = 0.01
   config.opt.grad_clip = 1.0
+  config.opt.grad_accum_steps = 1        # micro-batches per step (scan; same update as the whole batch)
+  config.opt.state_dtype = "float32"     # Adam mu/nu storage: 'float32' | 'bfloat16'
 
   # Training loop.
   config.train = ml_collections.ConfigDict()
@@ -66,12 +78,15 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Sampling (sample.py and the in-training preview); dgemma.sampling.SamplerConfig.from_config.
   # Released DiffusionGemma sampler defaults (HF transformers 5.24); canvas = diffusion.canvas_len.
+  # Every value is checked before anything is loaded or compiled (errors name the key).
   config.sample = ml_collections.ConfigDict()
-  config.sample.prompt = ""
-  config.sample.num_samples = 1
-  config.sample.max_new_tokens = 256
-  config.sample.max_denoising_steps = 48
-  config.sample.entropy_bound = 0.1      # accept lowest-entropy tokens while cumsum(H) - H_i <= bound
+  config.sample.prompt = ""              # text after BOS; with max_new_tokens it must fit max_context
+  config.sample.num_samples = 1          # rows generated from the prompt (> 0)
+  config.sample.max_new_tokens = 256     # response length cap (> 0), generated canvas by canvas
+  config.sample.max_context = 0          # positions the model may use: prompt + ceil(max_new_tokens /
+                                         # canvas_len) * canvas_len <= this; 0 = 262,144 (DiffusionGemma)
+  config.sample.max_denoising_steps = 48  # decoder passes per canvas at most (> 0)
+  config.sample.entropy_bound = 0.1      # (> 0) accept lowest-entropy tokens while cumsum(H) - H_i <= bound
   config.sample.t_max = 0.8              # temperature at the first step ...
   config.sample.t_min = 0.4              # ... falling linearly towards t_min
   config.sample.stability_threshold = 1  # stop: argmax canvas unchanged this many steps ...
@@ -80,16 +95,26 @@ def get_config() -> ml_collections.ConfigDict:
   config.sample.early_exit = True        # lax.while_loop exits when every row is done (else lax.scan)
   config.sample.self_conditioning = True  # False = zero self-conditioning signal at every step
   # Ablations (defaults = released sampler).
+  config.sample.sampler = "released"     # 'released' | 'ancestral' (uniform-state posterior q(z_s|z_t, x_theta)
+                                         # from t=1 to 0 over max_denoising_steps; no acceptance/early stop)
   config.sample.acceptance = "entropy_bound"  # 'entropy_bound' | 'confidence' | 'fixed_k'
   config.sample.accept_confidence = 0.9  # acceptance='confidence': top probability >= this
   config.sample.accept_k = 1             # acceptance='fixed_k': tokens accepted per step
-  config.sample.renoise = "non_accepted"  # 'non_accepted' | 'none' | 'low_confidence'
-  config.sample.renoise_confidence = 0.1  # renoise='low_confidence': re-noise if p(current) < this
+  config.sample.renoise = "non_accepted"  # 'non_accepted' (released: all non-accepted get fresh tokens)
+                                         # | 'none' (non-accepted keep their token) | 'low_confidence'
+                                         # (accepted tokens stay until p(token) < renoise_confidence)
+  config.sample.renoise_confidence = 0.1  # renoise='low_confidence': re-noise a held token below this
   config.sample.top_k = 0                # logit shaping after the temperature (0 = off)
   config.sample.top_p = 1.0              # nucleus shaping (1.0 = off)
+  config.sample.alpha_schedule = "linear"  # sampler='ancestral': 'linear' alpha = 1 - t | 'loglinear'
+                                         # (MDLM/UDLM) alpha = exp(-sigma), sigma = -log(1 - (1 - eps) t)
+  config.sample.schedule_eps = 1e-3      # eps of the 'loglinear' schedule (alpha(1) = eps)
+  config.sample.greedy_last_step = True  # sampler='ancestral': last step takes argmax(x_theta)
+  config.sample.infill = ()              # ((response position, token id), ...) held fixed in every row
   config.sample.seed = 0
   config.sample.checkpoint_step = -1     # -1 = latest
   config.sample.trajectory_html = ""     # write one denoising trajectory as HTML here
+  config.sample.show = "none"            # 'none' | 'live': redraw the canvases in the terminal every step
 
   # Evaluation.
   config.eval = ml_collections.ConfigDict()

@@ -12,7 +12,7 @@ from typing import Any
 import ml_collections
 
 from configs import base
-from dgemma import tokenizers
+from dgemma import objectives, tokenizers
 from dgemma.model.config import ConfigError, ModelConfig
 
 # Groups whose keys are free-form mappings (mesh axis names) rather than a fixed schema.
@@ -53,6 +53,21 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
        "(the sequence is context + canvas; the canvas must be shorter)")
   need(0.0 < diff.t_eps < 1.0, "diffusion.t_eps", f"must be in (0, 1), got {diff.t_eps}")
   need(diff.encoder_loss_weight >= 0, "diffusion.encoder_loss_weight", "must be >= 0")
+  need(0.0 <= diff.self_cond_prob <= 1.0, "diffusion.self_cond_prob", f"must be in [0, 1], got {diff.self_cond_prob}")
+  need(diff.objective in objectives.OBJECTIVES, "diffusion.objective",
+       f"{diff.objective!r} not in {objectives.OBJECTIVES}")
+  need(diff.schedule in objectives.SCHEDULES, "diffusion.schedule",
+       f"{diff.schedule!r} not in {objectives.SCHEDULES}")
+  need(diff.reweight_cap >= 1.0, "diffusion.reweight_cap", f"must be >= 1, got {diff.reweight_cap}")
+  if diff.objective == "mdlm":
+    need(0 <= diff.mask_id < model_cfg.vocab_size, "diffusion.mask_id",
+         f"{diff.mask_id} is not an id of the model's vocabulary (model.vocab_size={model_cfg.vocab_size})")
+    if data.tokenizer.kind in ("byte", "sentencepiece"):
+      # Tokenizers built here use every id below their vocabulary size (4 specials, then pieces / bytes).
+      tok_vocab = 260 if data.tokenizer.kind == "byte" else data.tokenizer.vocab_size
+      need(diff.mask_id >= tok_vocab, "diffusion.mask_id",
+           f"{diff.mask_id} is a real token of the {data.tokenizer.kind} tokenizer (ids < {tok_vocab}); for "
+           f"objective='mdlm' use an added id, e.g. mask_id={tok_vocab} with model.vocab_size > {tok_vocab}")
   kind = data.tokenizer.kind
   need(kind in ("sentencepiece", "byte", "file"), "data.tokenizer.kind",
        f"{kind!r} not in ('sentencepiece', 'byte', 'file')")
@@ -66,6 +81,12 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   opt, train = config.opt, config.train
   need(opt.lr > 0, "opt.lr", f"must be positive, got {opt.lr}")
   need(opt.warmup_steps >= 0, "opt.warmup_steps", "must be >= 0")
+  need(isinstance(opt.grad_accum_steps, int) and opt.grad_accum_steps >= 1, "opt.grad_accum_steps",
+       f"must be an integer >= 1, got {opt.grad_accum_steps!r}")
+  need(data.batch_size % opt.grad_accum_steps == 0, "opt.grad_accum_steps",
+       f"{opt.grad_accum_steps} does not divide data.batch_size={data.batch_size}")
+  need(opt.state_dtype in ("float32", "bfloat16"), "opt.state_dtype",
+       f"{opt.state_dtype!r} not in ('float32', 'bfloat16')")
   need(0.0 <= opt.end_lr_fraction <= 1.0, "opt.end_lr_fraction", "must be in [0, 1]")
   need(train.num_steps > 0, "train.num_steps", f"must be positive, got {train.num_steps}")
   for field in ("log_every", "eval_every", "ckpt_every", "keep_checkpoints"):
@@ -81,5 +102,17 @@ def to_json(config: ml_collections.ConfigDict) -> str:
 
 
 def from_json(text: str) -> ml_collections.ConfigDict:
-  """Inverse of `to_json` (tuples come back as lists; the code accepts either)."""
-  return ml_collections.ConfigDict(json.loads(text))
+  """Inverse of `to_json`, laid over today's defaults (configs/base.py), so a run saved before a key
+  existed still loads, with that key at its default. Tuples come back as lists."""
+  config = base.get_config()
+  _merge(config, json.loads(text), "")
+  return config
+
+
+def _merge(config: ml_collections.ConfigDict, values: dict, prefix: str) -> None:
+  for key, value in values.items():
+    if isinstance(value, dict) and isinstance(config.get(key), ml_collections.ConfigDict):
+      _merge(config[key], value, f"{prefix}{key}.")
+    else:
+      with config.ignore_type():
+        config[key] = value

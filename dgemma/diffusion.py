@@ -2,10 +2,20 @@
 
 Recipe (../shared/reference/diffusiongemma.md, "Training recipe"): one diffusion time per example
 t ~ U(eps, 1), alpha(t) = 1 - t; every canvas token is replaced by a uniformly random vocabulary token
-with probability t; the loss is the plain cross-entropy of the clean token at every canvas position
-(corrupted or not), plus a next-token loss on the encoder's causal logits over the clean context.
-A packed row of `seq_len` tokens is split into a clean context (the first seq_len - canvas_len tokens)
-and one canvas (the last canvas_len tokens), so the model learns block-autoregressive generation.
+with probability 1 - alpha(t) = t; the loss is the plain cross-entropy of the clean token at every
+canvas position (corrupted or not), plus a next-token loss on the encoder's causal logits over the
+clean context. A packed row of `seq_len` tokens is split into a clean context (the first
+seq_len - canvas_len tokens) and one canvas (the last canvas_len tokens), so the model learns
+block-autoregressive generation.
+
+`diffusion.objective` swaps the canvas loss (dgemma/objectives.py): base_ce (released), reweighted_ce,
+loo_ce, reweighted_loo_ce, nelbo (uniform-state NELBO), mdlm (masked-diffusion baseline: tokens
+replaced by `mask_id` with probability 1 - alpha) and ar (no canvas: next-token CE of the causal
+encoder over the whole row).
+
+Randomness is drawn per example from fold_in(rng, global example index), so a batch split into
+micro-batches (gradient accumulation) sees exactly the noise of the whole batch; losses are sums
+divided by whole-batch token counts (`batch_totals`), so micro-batch losses add up to the batch loss.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from dgemma import objectives
 from dgemma.model import ModelConfig, Transformer, init_cache
 
 
@@ -25,12 +36,19 @@ class DiffusionLossConfig:
   t_eps: float = 1e-4
   encoder_loss_weight: float = 1.0
   self_cond_prob: float = 0.5
+  objective: str = "base_ce"
+  schedule: str = "linear"
+  reweight_cap: float = 10.0
+  mask_id: int = 4
+  antithetic_t: bool = False
 
   @classmethod
   def from_config(cls, config) -> "DiffusionLossConfig":
     d = config.diffusion
     return cls(canvas_len=int(d.canvas_len), t_eps=float(d.t_eps),
-               encoder_loss_weight=float(d.encoder_loss_weight), self_cond_prob=float(d.self_cond_prob))
+               encoder_loss_weight=float(d.encoder_loss_weight), self_cond_prob=float(d.self_cond_prob),
+               objective=str(d.objective), schedule=str(d.schedule), reweight_cap=float(d.reweight_cap),
+               mask_id=int(d.mask_id), antithetic_t=bool(d.antithetic_t))
 
 
 def corrupt_uniform(rng: jax.Array, tokens_BC: jax.Array, t_B: jax.Array, vocab_size: int) -> tuple[jax.Array, jax.Array]:
@@ -45,6 +63,21 @@ def corrupt_uniform(rng: jax.Array, tokens_BC: jax.Array, t_B: jax.Array, vocab_
   return jnp.where(replaced_BC, random_BC, tokens_BC), replaced_BC
 
 
+def corrupt_rows(keys_B: jax.Array, tokens_BC: jax.Array, p_B: jax.Array, vocab_size: int,
+                 mask_id: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """Per-example keys: each row replaces each token with probability p_b, by a uniform random token
+  (mask_id None) or by `mask_id` (masked diffusion). Returns (noisy_BC, replaced_BC)."""
+  def row(key, tokens_C, p):
+    k_mask, k_tok = jax.random.split(key)
+    replaced_C = jax.random.uniform(k_mask, tokens_C.shape) < p
+    if mask_id is None:
+      fill_C = jax.random.randint(k_tok, tokens_C.shape, 0, vocab_size, dtype=tokens_C.dtype)
+    else:
+      fill_C = jnp.full_like(tokens_C, mask_id)
+    return jnp.where(replaced_C, fill_C, tokens_C), replaced_C
+  return jax.vmap(row)(keys_B, tokens_BC, p_B)
+
+
 def split_context_canvas(batch: dict[str, jax.Array], canvas_len: int) -> tuple[dict, dict]:
   """Splits packed rows [B, L] into context [B, L - C] and canvas [B, C] (same keys)."""
   split = batch["tokens"].shape[1] - canvas_len
@@ -55,62 +88,180 @@ def split_context_canvas(batch: dict[str, jax.Array], canvas_len: int) -> tuple[
 
 def masked_cross_entropy(logits_BNV: jax.Array, targets_BN: jax.Array, weights_BN: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Returns (sum of weighted CE, sum of weights, sum of weighted correct argmax), all fp32."""
-  logits_BNV = logits_BNV.astype(jnp.float32)
-  logz_BN = jax.nn.logsumexp(logits_BNV, axis=-1)
-  target_logit_BN = jnp.take_along_axis(logits_BNV, targets_BN[..., None], axis=-1)[..., 0]
-  ce_BN = logz_BN - target_logit_BN
+  ce_BN = objectives.cross_entropy(logits_BNV, targets_BN)
   weights_BN = weights_BN.astype(jnp.float32)
   correct_BN = (jnp.argmax(logits_BNV, axis=-1) == targets_BN).astype(jnp.float32)
   return jnp.sum(ce_BN * weights_BN), jnp.sum(weights_BN), jnp.sum(correct_BN * weights_BN)
 
 
+def next_token_weights(segment_ids_BT: jax.Array) -> jax.Array:
+  """w[:, i] for target i+1 predicted at i: both tokens in the same (non-padding) document."""
+  return (segment_ids_BT[:, 1:] == segment_ids_BT[:, :-1]) & (segment_ids_BT[:, 1:] != 0)
+
+
+def batch_totals(batch: dict[str, jax.Array], loss_cfg: DiffusionLossConfig) -> dict[str, jax.Array]:
+  """Whole-batch normalisers: examples, scored canvas tokens, encoder next-token targets (fp32)."""
+  seg_BL = batch["segment_ids"]
+  if loss_cfg.objective == "ar":
+    enc_w = next_token_weights(seg_BL)
+    canvas_w = enc_w[:, -loss_cfg.canvas_len:]
+  else:
+    ctx_seg = seg_BL[:, :seg_BL.shape[1] - loss_cfg.canvas_len]
+    enc_w = next_token_weights(ctx_seg)
+    canvas_w = seg_BL[:, -loss_cfg.canvas_len:] != 0
+  f32 = lambda x: jnp.sum(x.astype(jnp.float32))
+  return {"examples": jnp.asarray(seg_BL.shape[0], jnp.float32), "canvas_tokens": f32(canvas_w),
+          "encoder_tokens": f32(enc_w)}
+
+
+def sample_times(keys_B: jax.Array, example_ids_B: jax.Array, rng: jax.Array, num_examples: jax.Array,
+                 loss_cfg: DiffusionLossConfig) -> jax.Array:
+  """t ~ U(t_eps, 1) per example; antithetic: t_b = t_eps + (1 - t_eps) frac(u + id_b / B), one u per batch."""
+  if loss_cfg.antithetic_t:
+    u_B = jnp.mod(jax.random.uniform(rng, ()) + example_ids_B.astype(jnp.float32) / num_examples, 1.0)
+  else:
+    u_B = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys_B)
+  return loss_cfg.t_eps + (1.0 - loss_cfg.t_eps) * u_B
+
+
+def router_losses(intermediates: Any) -> dict[str, jax.Array]:
+  """Sums the sown (already weighted) router losses of one or more apply calls by name."""
+  flat = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(intermediates)[0]:
+    names = [getattr(p, "key", None) for p in path]
+    name = next((n for n in names if n in ("router_aux_loss", "router_z_loss")), None)
+    if name is not None:
+      flat[name] = flat.get(name, 0.0) + jnp.sum(leaf)
+  return flat
+
+
 def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, model_cfg: ModelConfig,
-                   loss_cfg: DiffusionLossConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
+                   loss_cfg: DiffusionLossConfig, example_ids_B: jax.Array | None = None,
+                   totals: dict[str, jax.Array] | None = None,
+                   eval_metrics: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
   """DiffusionGemma SFT/pretraining loss on packed rows `{tokens, segment_ids, positions}` [B, L].
 
-  Returns (scalar loss, metrics). The canvas loss averages CE over every non-padding canvas token.
+  Returns (scalar loss, metrics). The canvas loss sums the objective's per-token loss over every
+  non-padding canvas token and divides by totals['canvas_tokens'] (this batch's count by default).
+  example_ids_B: global row indices (noise is drawn per example from them; default arange(B)).
+  totals: `batch_totals` of the whole batch when this is a micro-batch. Then every loss and metric
+  (router losses included, scaled by B / totals['examples']) is additive over micro-batches.
+  eval_metrics: also report 'canvas_nelbo', the objective's NELBO integrand at the sampled t
+  averaged over canvas tokens (uniform objectives: with the objective's x0 logits; mdlm: its NELBO;
+  ar: the canvas next-token NLL), an unbiased estimate of the diffusion part of the NLL bound.
   """
   model = Transformer(model_cfg)
+  batch_size = batch["tokens"].shape[0]
+  if example_ids_B is None:
+    example_ids_B = jnp.arange(batch_size, dtype=jnp.int32)
+  if totals is None:
+    totals = batch_totals(batch, loss_cfg)
+  router_scale = batch_size / totals["examples"]
+  rng_examples, rng_batch = jax.random.split(rng)
+  keys_B = jax.vmap(lambda i: jax.random.fold_in(rng_examples, i))(example_ids_B)
+  keys_B3 = jax.vmap(lambda k: jax.random.split(k, 3))(keys_B)
+  apply = lambda *a, **k: model.apply({"params": params}, *a, mutable=["intermediates"], **k)
+  metrics: dict[str, jax.Array] = {}
+
+  if loss_cfg.objective == "ar":
+    return _ar_loss(apply, batch, model_cfg, loss_cfg, totals, router_scale, eval_metrics)
+
   ctx, canvas = split_context_canvas(batch, loss_cfg.canvas_len)
-  batch_size, ctx_len = ctx["tokens"].shape
-  rng_t, rng_noise, rng_sc = jax.random.split(rng, 3)
-  t_B = jax.random.uniform(rng_t, (batch_size,), minval=loss_cfg.t_eps, maxval=1.0)
-  noisy_BC, replaced_BC = corrupt_uniform(rng_noise, canvas["tokens"], t_B, model_cfg.vocab_size)
+  ctx_len = ctx["tokens"].shape[1]
+  t_B = sample_times(keys_B3[:, 0], example_ids_B, rng_batch, totals["examples"], loss_cfg)
+  alpha_B, dalpha_B = objectives.schedule(loss_cfg.schedule, t_B)
+  mask_id = loss_cfg.mask_id if loss_cfg.objective == "mdlm" else None
+  noisy_BC, replaced_BC = corrupt_rows(keys_B3[:, 1], canvas["tokens"], 1.0 - alpha_B, model_cfg.vocab_size,
+                                       mask_id=mask_id)
 
   # Encoder: causal pass over the clean context fills the KV cache (and gives next-token logits).
   cache = init_cache(model_cfg, batch_size, ctx_len, dtype=jnp.dtype(model_cfg.dtype))
   want_enc_logits = loss_cfg.encoder_loss_weight > 0
-  enc_logits_BTV, cache = model.apply({"params": params}, ctx["tokens"], ctx["positions"], ctx["segment_ids"],
-                                      cache, return_logits=want_enc_logits, method=Transformer.encode)
+  (enc_logits_BTV, cache), enc_vars = apply(ctx["tokens"], ctx["positions"], ctx["segment_ids"], cache,
+                                            return_logits=want_enc_logits, method=Transformer.encode)
 
   def decode(sc_logits_BCV, sc_mask_B):
-    return model.apply({"params": params}, noisy_BC, canvas["positions"], canvas["segment_ids"], cache,
-                       sc_logits_BCV=sc_logits_BCV, sc_mask_B=sc_mask_B, method=Transformer.decode)
+    return apply(noisy_BC, canvas["positions"], canvas["segment_ids"], cache, sc_logits_BCV=sc_logits_BCV,
+                 sc_mask_B=sc_mask_B, method=Transformer.decode)
 
   # Self-conditioning training: a first pass without it; its logits (no gradient) feed the scored
-  # second pass for each example with probability self_cond_prob (zeros otherwise).
+  # second pass for each example with probability self_cond_prob (zeros otherwise). The first pass's
+  # router losses carry no gradient and are not added.
   if model_cfg.self_conditioning and loss_cfg.self_cond_prob > 0:
-    first_BCV = jax.lax.stop_gradient(decode(None, None))
-    sc_mask_B = jax.random.uniform(rng_sc, (batch_size,)) < loss_cfg.self_cond_prob
-    logits_BCV = decode(first_BCV, sc_mask_B)
+    first_BCV, _ = decode(None, None)
+    first_BCV = jax.lax.stop_gradient(first_BCV)
+    sc_mask_B = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys_B3[:, 2]) < loss_cfg.self_cond_prob
+    logits_BCV, dec_vars = decode(first_BCV, sc_mask_B)
   else:
-    logits_BCV = decode(None, None)
+    logits_BCV, dec_vars = decode(None, None)
 
-  canvas_w_BC = canvas["segment_ids"] != 0
-  ce_sum, n_canvas, correct = masked_cross_entropy(logits_BCV, canvas["tokens"], canvas_w_BC)
-  canvas_loss = ce_sum / jnp.maximum(n_canvas, 1.0)
-  metrics = {"canvas_loss": canvas_loss, "canvas_accuracy": correct / jnp.maximum(n_canvas, 1.0),
-             "canvas_tokens": n_canvas,
-             "corrupted_fraction": jnp.sum(replaced_BC * canvas_w_BC) / jnp.maximum(n_canvas, 1.0)}
+  # Canvas objective (dgemma/objectives.py), per token, at each example's (alpha, alpha').
+  targets_BC = canvas["tokens"]
+  canvas_w_BC = (canvas["segment_ids"] != 0).astype(jnp.float32)
+  alpha_BC = jnp.broadcast_to(alpha_B[:, None], targets_BC.shape)
+  dalpha_BC = jnp.broadcast_to(dalpha_B[:, None], targets_BC.shape)
+  loss_BC = objectives.per_token_loss(loss_cfg.objective, logits_BCV, targets_BC, noisy_BC, alpha_BC, dalpha_BC,
+                                      reweight_cap=loss_cfg.reweight_cap, mask_id=loss_cfg.mask_id)
+  n_canvas = jnp.maximum(totals["canvas_tokens"], 1.0)
+  canvas_loss = jnp.sum(loss_BC * canvas_w_BC) / n_canvas
+  ce_sum, n_local, correct = masked_cross_entropy(logits_BCV, targets_BC, canvas_w_BC)
+  metrics.update(canvas_loss=canvas_loss, canvas_ce=ce_sum / n_canvas, canvas_accuracy=correct / n_canvas,
+                 canvas_tokens=n_local,
+                 corrupted_fraction=jnp.sum(replaced_BC * canvas_w_BC) / n_canvas)
+  if eval_metrics:
+    if loss_cfg.objective == "mdlm":
+      nelbo_BC = loss_BC
+    else:
+      x0_BCV = objectives.x0_logits(loss_cfg.objective, logits_BCV, noisy_BC, alpha_BC)
+      nelbo_BC = objectives.uniform_nelbo_per_token(x0_BCV, targets_BC, noisy_BC, alpha_BC, dalpha_BC)
+    metrics["canvas_nelbo"] = jnp.sum(nelbo_BC * canvas_w_BC) / n_canvas
   loss = canvas_loss
   if want_enc_logits:
-    # Next-token targets inside a segment: position i predicts i+1 when both belong to the same document.
-    seg_BT = ctx["segment_ids"]
-    targets_BT = ctx["tokens"][:, 1:]
-    w_BT = (seg_BT[:, 1:] == seg_BT[:, :-1]) & (seg_BT[:, 1:] != 0)
-    enc_sum, n_enc, _ = masked_cross_entropy(enc_logits_BTV[:, :-1], targets_BT, w_BT)
-    encoder_loss = enc_sum / jnp.maximum(n_enc, 1.0)
+    w_BT = next_token_weights(ctx["segment_ids"])
+    enc_sum, _, _ = masked_cross_entropy(enc_logits_BTV[:, :-1], ctx["tokens"][:, 1:], w_BT)
+    encoder_loss = enc_sum / jnp.maximum(totals["encoder_tokens"], 1.0)
     metrics["encoder_loss"] = encoder_loss
     loss = loss + loss_cfg.encoder_loss_weight * encoder_loss
+  loss = loss + _add_router_losses(metrics, [enc_vars, dec_vars], model_cfg, router_scale)
+  metrics["loss"] = loss
+  return loss, metrics
+
+
+def _add_router_losses(metrics: dict, variables: list, model_cfg: ModelConfig, scale: jax.Array) -> jax.Array:
+  """MoE aux losses sown by the scored passes (transformer.py docstring); reported and returned."""
+  if not (model_cfg.num_experts and (model_cfg.router_aux_loss_weight or model_cfg.router_z_loss_weight)):
+    return jnp.zeros((), jnp.float32)
+  sums = router_losses([v.get("intermediates", {}) for v in variables])
+  total = jnp.zeros((), jnp.float32)
+  for name, value in sums.items():
+    metrics[name] = value * scale
+    total = total + metrics[name]
+  return total
+
+
+def _ar_loss(apply, batch, model_cfg: ModelConfig, loss_cfg: DiffusionLossConfig, totals, router_scale,
+             eval_metrics: bool):
+  """objective='ar': causal next-token CE over the whole packed row (no canvas, no noise). canvas_*
+  metrics score the targets that fall in the canvas region (the last canvas_len positions), for
+  comparison with the diffusion objectives' canvas NELBO."""
+  batch_size, seq_len = batch["tokens"].shape
+  cache = init_cache(model_cfg, batch_size, seq_len, dtype=jnp.dtype(model_cfg.dtype))
+  (logits_BLV, _), enc_vars = apply(batch["tokens"], batch["positions"], batch["segment_ids"], cache,
+                                    return_logits=True, method=Transformer.encode)
+  w_BT = next_token_weights(batch["segment_ids"])
+  ce_BT = objectives.cross_entropy(logits_BLV[:, :-1], batch["tokens"][:, 1:])
+  correct_BT = (jnp.argmax(logits_BLV[:, :-1], axis=-1) == batch["tokens"][:, 1:]).astype(jnp.float32)
+  w_BT = w_BT.astype(jnp.float32)
+  encoder_loss = jnp.sum(ce_BT * w_BT) / jnp.maximum(totals["encoder_tokens"], 1.0)
+  C = loss_cfg.canvas_len
+  canvas_w_BC = w_BT[:, -C:]
+  n_canvas = jnp.maximum(totals["canvas_tokens"], 1.0)
+  canvas_nll = jnp.sum(ce_BT[:, -C:] * canvas_w_BC) / n_canvas
+  metrics = {"encoder_loss": encoder_loss, "canvas_loss": canvas_nll, "canvas_ce": canvas_nll,
+             "canvas_accuracy": jnp.sum(correct_BT[:, -C:] * canvas_w_BC) / n_canvas,
+             "canvas_tokens": jnp.sum(canvas_w_BC)}
+  if eval_metrics:
+    metrics["canvas_nelbo"] = canvas_nll
+  loss = encoder_loss + _add_router_losses(metrics, [enc_vars], model_cfg, router_scale)
   metrics["loss"] = loss
   return loss, metrics

@@ -3,6 +3,10 @@
 `sample_from_workdir` is what `sample.py` calls. The model, data and diffusion settings come from the
 run's own `config.json` (the checkpoint must be read with the architecture it was trained with); the
 `sample` group comes from the config given on the command line, when one is given.
+
+Every request is checked before the checkpoint is read or anything is compiled (the sampler
+settings, num_samples, max_new_tokens, infill, and the prompt against sample.max_context), with an
+error naming the key. `sample.show='live'` redraws the canvases in the terminal at every step.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from dgemma import checkpointing, report, trainer
 from dgemma import config as config_lib
 from dgemma.data import pipeline as data_pipeline
 from dgemma.model import Transformer
-from dgemma.sampling import GenerateOutput, SamplerConfig, generate, trajectory_steps
+from dgemma.model.config import ConfigError
+from dgemma.sampling import (GenerateOutput, LivePrinter, SamplerConfig, check_request, generate, infill_arrays,
+                             trajectory_steps)
 
 
 def run_config(workdir: str | Path, override: Optional[ml_collections.ConfigDict] = None) -> ml_collections.ConfigDict:
@@ -51,18 +57,29 @@ def sample_from_workdir(workdir: str, config: Optional[ml_collections.ConfigDict
   if temperature is not None:
     config.sample.t_max = config.sample.t_min = temperature
   config_lib.validate(config)
-  sampler_cfg = SamplerConfig.from_config(config)  # bad sampler settings fail before any loading
-  model_cfg, params, step = trainer.load_params(workdir, config, config.sample.checkpoint_step)
+  # bad sampler settings, counts and infill positions fail before any loading or compiling
+  sampler_cfg = SamplerConfig.from_config(config)
+  n, max_new = int(config.sample.num_samples), int(config.sample.max_new_tokens)
+  if n <= 0:
+    raise ConfigError(f"sample.num_samples must be positive, got {n}")
+  if max_new <= 0:
+    raise ConfigError(f"sample.max_new_tokens must be positive, got {max_new}")
+  infill = infill_arrays(config.sample.get("infill", ()), n, max_new, int(config.model.vocab_size))
   tokenizer = data_pipeline.prepare(config).tokenizer
-
-  n = int(config.sample.num_samples)
   prompt_ids = [tokenizer.bos_id] + tokenizer.encode(config.sample.prompt)
+  check_request(sampler_cfg, batch=n, prompt_len=len(prompt_ids), max_new_tokens=max_new)
+  model_cfg, params, step = trainer.load_params(workdir, config, config.sample.checkpoint_step)
+
   prompts_BP = np.tile(np.asarray(prompt_ids, np.int32)[None], (n, 1))
   lengths_B = np.full((n,), len(prompt_ids), np.int32)
   want_traj = bool(config.sample.trajectory_html)
+  printer = None
+  if sampler_cfg.show == "live":
+    printer = LivePrinter(tokenizer.decode, [config.sample.prompt], total_steps=sampler_cfg.max_denoising_steps,
+                          end_ids=sampler_cfg.end_ids)
   out = generate(Transformer(model_cfg), params, prompts_BP, lengths_B, sampler_cfg,
-                 jax.random.key(config.sample.seed), int(config.sample.max_new_tokens),
-                 return_trajectory=want_traj)
+                 jax.random.key(config.sample.seed), max_new, return_trajectory=want_traj,
+                 infill_tokens_BN=infill[0], infill_mask_BN=infill[1], step_callback=printer)
   out = jax.device_get(out)
   texts = [tokenizer.decode(out.tokens_BN[b, :out.lengths_B[b]].tolist()) for b in range(n)]
   lines = []

@@ -74,6 +74,11 @@ def check_batch_fits_mesh(config, mesh: Mesh) -> None:
     raise config_lib.ConfigError(
         f"data.batch_size: {config.data.batch_size} is not divisible by the {shards} batch shards "
         f"(mesh data x fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']})")
+  accum = int(config.opt.grad_accum_steps)
+  if config.data.batch_size % (shards * accum):
+    raise config_lib.ConfigError(
+        f"opt.grad_accum_steps: {accum} micro-batches of data.batch_size={config.data.batch_size} rows do "
+        f"not divide evenly over the {shards} batch shards (need batch_size % (shards * steps) == 0)")
 
 
 # ---- optimiser and state -------------------------------------------------------------------------
@@ -94,11 +99,32 @@ def _decay_mask(params):
       lambda path, _: getattr(path[-1], "key", None) in _DECAYED_LEAVES, params)
 
 
+def with_state_dtype(inner: optax.GradientTransformation, dtype) -> optax.GradientTransformation:
+  """Stores `inner`'s floating-point state (Adam mu / nu) in `dtype`; the update math runs in fp32."""
+  dtype = jnp.dtype(dtype)
+  def cast(tree, to):
+    return jax.tree.map(lambda x: x.astype(to) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+  def init_fn(params):
+    return cast(inner.init(params), dtype)
+
+  def update_fn(updates, state, params=None):
+    updates, new_state = inner.update(updates, cast(state, jnp.float32), params)
+    return updates, cast(new_state, dtype)
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
 def make_optimizer(opt_config, num_steps: int) -> optax.GradientTransformation:
+  """clip -> AdamW (optax.adamw's chain: scale_by_adam, masked decay, -lr); Adam moments stored in
+  opt.state_dtype ('float32' | 'bfloat16'). Parameters stay in model.param_dtype (fp32 master weights)."""
+  adam = optax.scale_by_adam(b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps)
+  state_dtype = opt_config.get("state_dtype", "float32")
+  if state_dtype != "float32":
+    adam = with_state_dtype(adam, state_dtype)
   return optax.chain(
       optax.clip_by_global_norm(opt_config.grad_clip),
-      optax.adamw(make_schedule(opt_config, num_steps), b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps,
-                  weight_decay=opt_config.weight_decay, mask=_decay_mask),
+      optax.chain(adam, optax.add_decayed_weights(opt_config.weight_decay, _decay_mask),
+                  optax.scale_by_learning_rate(make_schedule(opt_config, num_steps))),
   )
 
 
@@ -150,12 +176,44 @@ def create_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer, rn
 
 # ---- steps ---------------------------------------------------------------------------------------
 
+def accumulate_gradients(loss_fn: Callable, params, batch: dict, rng: jax.Array, loss_cfg, num_micro: int):
+  """(metrics, grads) of the whole batch, computed over `num_micro` micro-batches with a scan.
+
+  Micro-batch j holds rows j, j + k, j + 2k, ... (k = num_micro), so on a batch-sharded mesh every
+  device keeps working on its own rows. Noise is drawn per global row index and losses are divided by
+  whole-batch token counts, so the summed micro-batch gradients equal the whole-batch gradient (up to
+  fp32 round-off). loss_fn(params, batch, rng, example_ids_B=, totals=) -> (loss, metrics).
+  """
+  batch_size = batch["tokens"].shape[0]
+  totals = diffusion.batch_totals(batch, loss_cfg)
+  grad_fn = jax.value_and_grad(functools.partial(loss_fn, totals=totals), has_aux=True)
+  ids_B = jnp.arange(batch_size, dtype=jnp.int32)
+  if num_micro == 1:
+    (_, metrics), grads = grad_fn(params, batch, rng, example_ids_B=ids_B)
+    return metrics, grads
+  interleave = lambda x: jnp.swapaxes(x.reshape(batch_size // num_micro, num_micro, *x.shape[1:]), 0, 1)
+  micro = jax.tree.map(interleave, batch)
+  micro_ids = interleave(ids_B)
+
+  def body(carry, xs):
+    mb, ids = xs
+    (_, m), g = grad_fn(params, mb, rng, example_ids_B=ids)
+    return jax.tree.map(lambda c, x: c + x.astype(c.dtype), carry, (m, g)), None
+
+  (_, m_shape), g_shape = jax.eval_shape(lambda: grad_fn(params, jax.tree.map(lambda x: x[0], micro), rng,
+                                                         example_ids_B=micro_ids[0]))
+  acc_dtype = lambda s: jnp.float32 if jnp.issubdtype(s.dtype, jnp.floating) else s.dtype  # fp32 sums
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, acc_dtype(s)), (m_shape, g_shape))
+  (metrics, grads), _ = jax.lax.scan(body, zeros, (micro, micro_ids))
+  return metrics, jax.tree.map(lambda g, s: g.astype(s.dtype), grads, g_shape)
+
+
 def make_train_step(model_cfg: ModelConfig, loss_cfg: diffusion.DiffusionLossConfig, optimizer,
-                    schedule: optax.Schedule):
+                    schedule: optax.Schedule, grad_accum_steps: int = 1):
   def train_step(state: TrainState, batch: dict, base_rng: jax.Array):
     rng = jax.random.fold_in(base_rng, state.step)
     loss_fn = functools.partial(diffusion.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg)
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, rng)
+    metrics, grads = accumulate_gradients(loss_fn, state.params, batch, rng, loss_cfg, grad_accum_steps)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state.step))
@@ -165,7 +223,8 @@ def make_train_step(model_cfg: ModelConfig, loss_cfg: diffusion.DiffusionLossCon
 
 def make_eval_step(model_cfg: ModelConfig, loss_cfg: diffusion.DiffusionLossConfig):
   def eval_step(params, batch, rng):
-    _, metrics = diffusion.diffusion_loss(params, batch, rng, model_cfg=model_cfg, loss_cfg=loss_cfg)
+    _, metrics = diffusion.diffusion_loss(params, batch, rng, model_cfg=model_cfg, loss_cfg=loss_cfg,
+                                          eval_metrics=True)
     return metrics
   return eval_step
 
@@ -265,7 +324,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
 
   base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
   eval_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 2)
-  train_step = jax.jit(make_train_step(model_cfg, loss_cfg, optimizer, schedule),
+  train_step = jax.jit(make_train_step(model_cfg, loss_cfg, optimizer, schedule,
+                                       grad_accum_steps=int(config.opt.grad_accum_steps)),
                        in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
                        donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(model_cfg, loss_cfg), in_shardings=(state_shardings.params, data_sharding, None))
@@ -282,6 +342,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
   for step in range(start_step, end_step):
     batch = device_batch(next(train_iter), data_sharding)
     state, metrics = train_step(state, batch, base_rng)
+    if bar is not None:
+      jax.block_until_ready(metrics["loss"])  # keep the progress bar honest (steps are dispatched async)
     pending.append(metrics)
     window_steps += 1
     done = step + 1

@@ -32,11 +32,15 @@ def test_sample_py_end_to_end(trained_workdir, tmp_path):
   html = tmp_path / "traj.html"
   cmd = [sys.executable, "sample.py", "--config=configs/tiny_test.py", f"--workdir={trained_workdir}",
          "--config.sample.prompt=the king", "--config.sample.num_samples=2", "--steps=3", "--seed=5",
-         f"--config.sample.trajectory_html={html}"]
+         f"--config.sample.trajectory_html={html}", "--config.sample.show=live"]
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-4000:]
   assert "--- sample 0" in out.stdout and "--- sample 1" in out.stdout
   assert "decoder passes" in out.stdout and "tokens/pass" in out.stdout
+  # show=live: one terminal frame (clear + home) per executed step, held tokens highlighted
+  from dgemma.sampling import live
+  frames = out.stdout.count(live.CLEAR_HOME)
+  assert frames >= 2 and "canvas 1, step 1/3" in out.stdout and live.ACCEPTED in out.stdout
   page = html.read_text()
   assert page.count('class="step"') >= 1 and "accepted" in page
   assert (trained_workdir / "samples.txt").exists()
@@ -63,3 +67,30 @@ def test_report_writes_png_and_index(trained_workdir, tmp_path):
   png = (out / "loss_curve.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
   assert "dgemma run report" in (out / "index.html").read_text()
+
+
+def test_bad_sample_requests_fail_before_loading(trained_workdir, monkeypatch):
+  """Each bad setting raises a ConfigError naming its key before the checkpoint is read or
+  anything is compiled."""
+  import jax
+  from configs import tiny_test
+  from dgemma.model import ConfigError
+  from dgemma.sampling import generation
+
+  def reached(*args, **kwargs):
+    raise AssertionError("reached checkpoint loading / jax.jit")
+
+  monkeypatch.setattr(trainer, "load_params", reached)
+  monkeypatch.setattr(jax, "jit", reached)
+  monkeypatch.setattr(generation, "_generate_jit", reached)
+  cases = [(dict(num_samples=0), {}, "sample.num_samples"), (dict(max_new_tokens=0), {}, "sample.max_new_tokens"),
+           ({}, dict(steps=0), "sample.max_denoising_steps"), (dict(entropy_bound=0.0), {}, "sample.entropy_bound"),
+           (dict(sampler="nope"), {}, "sample.sampler"), (dict(acceptance="nope"), {}, "sample.acceptance"),
+           (dict(renoise="nope"), {}, "sample.renoise"), (dict(show="nope"), {}, "sample.show"),
+           (dict(infill=((32, 5),)), {}, "sample.infill: position 32"),       # max_new_tokens = 32
+           (dict(prompt="the king of all the land", max_context=40), {}, "sample.max_context=40")]
+  for sample, kwargs, pattern in cases:
+    config = tiny_test.get_config()
+    config.sample.update(sample)
+    with pytest.raises(ConfigError, match=pattern):
+      sample_lib.sample_from_workdir(str(trained_workdir), config, print_fn=lambda *_: None, **kwargs)

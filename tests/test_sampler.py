@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from dgemma.model import ConfigError, ModelConfig, Transformer, init_cache, param_shapes
-from dgemma.sampling import (JaxNoise, SamplerConfig, accept_confidence, accept_entropy_bound, accept_fixed_k,
-                             cut_after_end, denoise_canvas, entropy, generate, row_keys, shape_logits,
-                             temperature, trajectory_steps)
+from dgemma.sampling import (FixedNoise, JaxNoise, SamplerConfig, accept_confidence, accept_entropy_bound,
+                             accept_fixed_k, alpha, canvas_result, cut_after_end, denoise_canvas, entropy, generate,
+                             row_keys, shape_logits, temperature, trajectory_steps, uniform_posterior)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -206,14 +206,15 @@ def test_ablation_options(acceptance, renoise):
   traj = st.traj
   # infilled position: always the given token, in every input canvas and in the output
   assert (traj.canvas_SBC[:, :, 2] == 17).all() and (st.argmax_BC[:, 2] == 17).all()
-  if acceptance == "fixed_k":
-    assert (traj.accepted_SBC.sum(-1) == 2).all()
+  assert traj.accepted_SBC[:, :, 2].all()
+  if acceptance == "fixed_k":  # infilled positions are outside the budget: k open positions per step
+    assert (traj.accepted_SBC[:, :, [0, 1, 3, 4, 5]].sum(-1) == 2).all()
   if renoise == "none":  # non-accepted positions keep their token
     nxt, cur, acc = traj.canvas_SBC[1:], traj.canvas_SBC[:-1], traj.accepted_SBC[:-1]
     np.testing.assert_array_equal(np.where(acc, cur, nxt), cur)
-  if renoise == "low_confidence":  # accepted -> the sampled token
-    np.testing.assert_array_equal(np.where(traj.accepted_SBC[:-1], traj.canvas_SBC[1:], -1),
-                                  np.where(traj.accepted_SBC[:-1], traj.sampled_SBC[:-1], -1))
+  # held tokens are what the next step reads
+  np.testing.assert_array_equal(np.where(traj.accepted_SBC[:-1], traj.canvas_SBC[1:], -1),
+                                np.where(traj.accepted_SBC[:-1], traj.shown_SBC[:-1], -1))
   assert traj.active_SB.all()  # confidence_threshold 0: never stops early
 
 
@@ -380,3 +381,240 @@ def test_infilling_forces_tokens_and_end_cut(tiny):
   if out.lengths_B[2] > 9:
     assert out.tokens_BN[2, 0] == 77 and out.tokens_BN[2, 9] == 78
   assert out.tokens_BN[2, 0] == 77
+
+
+# ---- renoise='low_confidence': accepted tokens stay until their confidence falls ------------------
+
+V_LC, C_LC, S_LC = 16, 4, 3
+
+
+def _low_confidence_decode(canvas_BC, sc_logits_BCV, sc_mask_B):
+  """Step 0 (no self-conditioning signal): position 0 sure of 7. Later steps: position 0 prefers 9
+  (p = 0.9, so p(7) < 0.01), position 1 is sure of 3 unless it already holds 3 (then p(3) = 0.6)."""
+  del sc_logits_BCV
+  later_B11 = sc_mask_B[:, None, None]
+  one = lambda tok, scale: scale * jax.nn.one_hot(jnp.full(canvas_BC.shape[:1], tok), V_LC)[:, None, :]
+  zeros = jnp.zeros((canvas_BC.shape[0], 1, V_LC))
+  pos0 = jnp.where(later_B11, one(9, np.log(135.0)), one(7, 40.0))
+  holds3_B11 = (canvas_BC[:, 1] == 3)[:, None, None]
+  pos1 = jnp.where(later_B11, jnp.where(holds3_B11, one(3, np.log(22.5)), one(3, 40.0)), zeros)
+  return jnp.concatenate([pos0, pos1, zeros, zeros], axis=1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _denoise_fixed(decode_fn, cfg, noise, init_BC):
+  return denoise_canvas(decode_fn, cfg, noise, init_BC, noise.gumbel_NSBCV.shape[-1], record=True)
+
+
+def test_low_confidence_renoises_accepted_tokens_below_threshold():
+  noise = FixedNoise(init_canvas_NBC=jnp.full((1, 1, C_LC), 12, jnp.int32),
+                     gumbel_NSBCV=jnp.zeros((1, S_LC, 1, C_LC, V_LC)),          # sample = argmax
+                     renoise_NSBC=jnp.broadcast_to((13 + jnp.arange(S_LC))[None, :, None, None], (1, S_LC, 1, C_LC)))
+  base = dict(canvas_len=C_LC, max_denoising_steps=S_LC, end_ids=(1,), acceptance="fixed_k", accept_k=1,
+              renoise_confidence=0.5, t_max=1.0, t_min=1.0, confidence_threshold=0.0, early_exit=False)
+  run = lambda renoise: jax.tree.map(np.asarray, _denoise_fixed(
+      _low_confidence_decode, SamplerConfig(renoise=renoise, **base), noise, noise.init_canvas_NBC[0]))
+  low = run("low_confidence")
+  # step 0 accepts 7 at position 0; at step 1 p(7) < 0.5: re-noised (13 + 1), and position 1 accepts 3;
+  # at step 2 p(3) = 0.6 >= 0.5: 3 stays held (outside the budget) while position 0 is accepted again
+  np.testing.assert_array_equal(low.traj.canvas_SBC[:, 0], [[12] * 4, [7, 13, 13, 13], [14, 3, 14, 14]])
+  np.testing.assert_array_equal(low.traj.accepted_SBC[:, 0], [[1, 0, 0, 0], [0, 1, 0, 0], [1, 1, 0, 0]])
+  np.testing.assert_array_equal(low.canvas_BC[0], [9, 3, 15, 15])
+  np.testing.assert_array_equal(low.held_BC[0], [True, True, False, False])
+  # released re-noising: the same run re-predicts position 1 at step 2 and, not accepted, re-noises it
+  released = run("non_accepted")
+  np.testing.assert_array_equal(released.traj.canvas_SBC[:, 0], low.traj.canvas_SBC[:, 0])
+  np.testing.assert_array_equal(released.canvas_BC[0], [9, 15, 15, 15])
+  assert not released.held_BC.any()
+
+
+# ---- uniform-state ancestral sampling ---------------------------------------------------------------
+
+_posterior = jax.jit(uniform_posterior)
+
+
+def _posterior_numpy(x_V, z, alpha_t, alpha_s):
+  """The reference doc's formula term by term, float64, one-hot vectors."""
+  n = len(x_V)
+  z_V = np.eye(n)[z]
+  q = (n * alpha_t * x_V * z_V + (alpha_t / alpha_s - alpha_t) * z_V + (alpha_s - alpha_t) * x_V
+       + (1 - alpha_t / alpha_s) * (1 - alpha_s) / n)
+  assert np.isclose(q.sum(), n * alpha_t * x_V[z] + 1 - alpha_t)  # the normaliser
+  return q / q.sum()
+
+
+def test_uniform_posterior_matches_formula_and_limits():
+  rs = np.random.RandomState(0)
+  B, Cp, V = 2, 3, 7
+  x = rs.dirichlet(np.full(V, 0.5), size=(B, Cp)).astype(np.float32)
+  z = rs.randint(0, V, size=(B, Cp))
+  for alpha_t, alpha_s in ((0.0, 0.3), (0.2, 0.5), (0.6, 0.61), (0.9, 1.0), (1e-3, 0.02)):
+    got = np.asarray(_posterior(x, z, alpha_t, alpha_s))
+    want = np.array([[_posterior_numpy(x[b, c].astype(np.float64), z[b, c], alpha_t, alpha_s) for c in range(Cp)]
+                     for b in range(B)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-6)
+  # s = 0 (alpha_s = 1) with the exact clean token gives it back, whatever z_t is
+  clean = rs.randint(0, V, size=(B, Cp))
+  exact = np.eye(V, dtype=np.float32)[clean]
+  for zt in (z, clean):
+    np.testing.assert_allclose(np.asarray(_posterior(exact, zt, 0.4, 1.0)), exact, atol=1e-7)
+  # no time passes (alpha_s == alpha_t): z_t stays
+  np.testing.assert_allclose(np.asarray(_posterior(x, z, 0.5, 0.5)), np.eye(V)[z], atol=1e-7)
+
+
+def test_alpha_schedules():
+  t = jnp.linspace(0.0, 1.0, 5)
+  lin = SamplerConfig(sampler="ancestral")
+  loglin = SamplerConfig(sampler="ancestral", alpha_schedule="loglinear", schedule_eps=1e-3)
+  np.testing.assert_allclose(np.asarray(jax.jit(lambda t: alpha(lin, t))(t)), 1 - np.asarray(t), atol=1e-7)
+  sigma = -np.log1p(-(1 - 1e-3) * np.asarray(t, np.float64))
+  np.testing.assert_allclose(np.asarray(jax.jit(lambda t: alpha(loglin, t))(t)), np.exp(-sigma), rtol=1e-5)
+  assert float(alpha(loglin, 1.0)) == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_ancestral_steps_draw_from_the_posterior():
+  """Each step's z_s is the Gumbel-max draw from q(. | z_t, softmax(proc)) at t = 1 - s/S -> 1 - (s+1)/S;
+  the last step is greedy; no early stopping; the result is the final canvas."""
+  S_A = 4
+  rs = np.random.RandomState(1)
+  noise = FixedNoise(init_canvas_NBC=jnp.asarray(rs.randint(0, V_SYN, (1, B_SYN, C_SYN))),
+                     gumbel_NSBCV=jnp.asarray(rs.gumbel(size=(1, S_A, B_SYN, C_SYN, V_SYN)), jnp.float32),
+                     renoise_NSBC=jnp.zeros((1, S_A, B_SYN, C_SYN), jnp.int32))
+  cfg = SamplerConfig(canvas_len=C_SYN, max_denoising_steps=S_A, end_ids=(1,), sampler="ancestral",
+                      alpha_schedule="loglinear", confidence_threshold=1e9)  # would stop at once if it applied
+  st = jax.tree.map(np.asarray, _denoise_fixed(_synthetic_decode, cfg, noise, noise.init_canvas_NBC[0]))
+  traj = st.traj
+  assert traj.active_SB.all() and (st.num_forwards_B == S_A).all()
+  eps = 1e-3
+  alpha_np = lambda t: 1 - (1 - eps) * t
+  for s in range(S_A):
+    logits = np.asarray(_synthetic_decode(jnp.asarray(traj.canvas_SBC[s]), None, None), np.float64)
+    proc = logits / (0.4 + 0.4 * (S_A - s) / S_A)
+    x = np.exp(proc - proc.max(-1, keepdims=True))
+    x /= x.sum(-1, keepdims=True)
+    if s == S_A - 1:
+      want = proc.argmax(-1)
+    else:
+      q = np.array([[_posterior_numpy(x[b, c], traj.canvas_SBC[s, b, c], alpha_np(1 - s / S_A),
+                                      alpha_np(1 - (s + 1) / S_A)) for c in range(C_SYN)] for b in range(B_SYN)])
+      with np.errstate(divide="ignore"):
+        want = np.argmax(np.log(q) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
+    np.testing.assert_array_equal(traj.sampled_SBC[s], want, err_msg=f"step {s}")
+    if s + 1 < S_A:
+      np.testing.assert_array_equal(traj.canvas_SBC[s + 1], want)
+  np.testing.assert_array_equal(canvas_result(st, cfg), st.canvas_BC)
+  np.testing.assert_array_equal(st.canvas_BC, traj.argmax_SBC[-1])
+  np.testing.assert_array_equal(st.canvas_BC[0], 5)   # the confident row lands on its token
+
+
+def test_ancestral_generate_with_live_view(tiny):
+  """sampler='ancestral' through generate (the committed canvas is z_0), with show='live': the host
+  callback sees every executed step, in order, with [B, C] views."""
+  cfg = SamplerConfig(**{**tiny["cfg"].__dict__, "sampler": "ancestral", "show": "live"})
+  views = []
+  out = jax.tree.map(np.asarray, tiny["run"](cfg=cfg, step_callback=views.append))
+  active_KSB = out.trajectory.active_SB
+  ran_KS = active_KSB.any(-1)
+  assert len(views) == ran_KS.sum() > 0
+  assert [(v.canvas_idx, v.step) for v in views] == [tuple(ks) for ks in np.argwhere(ran_KS)]
+  for v in views:
+    assert v.tokens_BC.shape == v.accepted_BC.shape == v.result_BC.shape == (3, C) and v.active_B.shape == (3,)
+    np.testing.assert_array_equal(v.active_B, active_KSB[v.canvas_idx, v.step])
+    act = v.active_B
+    np.testing.assert_array_equal(v.tokens_BC[act], out.trajectory.shown_SBC[v.canvas_idx, v.step][act])
+  # no early stopping: every row that reaches a canvas runs all of its steps; the last one is greedy
+  np.testing.assert_array_equal(out.num_forwards_B, S * active_KSB.any(1).sum(0))
+  last_k = out.trajectory.active_SB[:, -1]
+  np.testing.assert_array_equal(out.trajectory.sampled_SBC[:, -1][last_k], out.trajectory.argmax_SBC[:, -1][last_k])
+  # the first canvas of the output is the final z_0, cut after its end token
+  cut, _, _ = cut_after_end(jnp.asarray(views[S - 1].result_BC), (1, 106), 0)
+  np.testing.assert_array_equal(out.tokens_BN[:, :C], np.asarray(cut))
+
+
+def test_live_printer_redraws_with_highlights():
+  from dgemma.sampling import LivePrinter, StepView
+  from dgemma.sampling import live
+  from dgemma.tokenizers import ByteTokenizer
+  tok = ByteTokenizer()
+  stream = __import__("io").StringIO()
+  printer = LivePrinter(tok.decode, ["Q: "], stream=stream, total_steps=2, end_ids=(1,))
+  ids = lambda text: np.array([tok.encode(text)], np.int32)
+  act = np.array([True])
+  printer(StepView(0, 0, ids("ab"), np.array([[True, False]]), ids("ab"), act))
+  printer(StepView(0, 1, ids("cd"), np.array([[True, True]]), ids("cd"), act))
+  end = np.array([[tok.encode("e")[0], 1]], np.int32)
+  printer(StepView(1, 0, ids("xy"), np.array([[False, True]]), end, act))
+  frames = stream.getvalue().split(live.CLEAR_HOME)[1:]
+  assert printer.frames == len(frames) == 3
+  assert f"Q: {live.ACCEPTED}a{live.RESET}{live.NOISE}b{live.RESET}" in frames[0]
+  assert "step 2/2" in frames[1]
+  assert f"Q: cd{live.NOISE}x{live.RESET}{live.ACCEPTED}y{live.RESET}" in frames[2]  # canvas 1 committed
+
+
+# ---- bad requests fail before anything is compiled --------------------------------------------------
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+  """jax.jit and the compiled generate program raise if reached; yields the compile-log messages."""
+  from dgemma.sampling import generation
+
+  def reached(*args, **kwargs):
+    raise AssertionError("reached jax.jit / the compiled generate program")
+
+  monkeypatch.setattr(jax, "jit", reached)
+  monkeypatch.setattr(generation, "_generate_jit", reached)
+  handler, logger = _Messages(), logging.getLogger("jax")
+  logger.addHandler(handler)
+  with jax.log_compiles(True):
+    yield handler.messages
+  logger.removeHandler(handler)
+  assert [m for m in handler.messages if m.startswith("Compiling")] == []
+
+
+def test_bad_requests_fail_before_compilation(no_compile):
+  from dgemma.sampling import check_request, infill_arrays
+  model, params = _BARE_MODEL
+  cfg = SamplerConfig(canvas_len=8, max_denoising_steps=4, end_ids=(1,), max_context=32)
+  ones = lambda b, p: np.ones((b, p), np.int32)
+  gen = lambda prompts, n=16, cfg=cfg, **kw: generate(model, params, prompts, [prompts.shape[1]] * len(prompts), cfg,
+                                                      0, n, **kw)
+  # context rule: prompt + max_new_tokens rounded up to whole canvases <= max_context
+  with pytest.raises(ConfigError, match=r"20 prompt tokens .* need 36 positions > sample.max_context=32"):
+    gen(ones(2, 20))
+  check_request(cfg, batch=1, prompt_len=16, max_new_tokens=16)   # exactly fits
+  with pytest.raises(ConfigError, match="sample.max_context"):
+    check_request(cfg, batch=1, prompt_len=17, max_new_tokens=9)  # 9 tokens -> 2 canvases of 8
+  with pytest.raises(ConfigError, match="sample.max_context"):
+    SamplerConfig(canvas_len=8, max_context=8)
+  with pytest.raises(ConfigError, match="sample.num_samples"):
+    gen(ones(0, 4))
+  with pytest.raises(ConfigError, match="sample.max_new_tokens"):
+    gen(ones(2, 4), n=0)
+  # sampler settings
+  for bad, field in ((dict(max_denoising_steps=0), "max_denoising_steps"),
+                     (dict(max_denoising_steps=-2), "max_denoising_steps"),
+                     (dict(entropy_bound=0.0), "entropy_bound"), (dict(entropy_bound=-0.1), "entropy_bound"),
+                     (dict(sampler="greedy"), "sampler"), (dict(acceptance="top"), "acceptance"),
+                     (dict(renoise="all"), "renoise"), (dict(alpha_schedule="cosine"), "alpha_schedule"),
+                     (dict(schedule_eps=0.0), "schedule_eps"), (dict(show="tty"), "show")):
+    with pytest.raises(ConfigError, match=rf"sample\.{field}"):
+      SamplerConfig(**bad)
+  # infilling outside the response / the vocabulary
+  for pairs, pattern in ((((16, 5),), "position 16 is outside the response"), (((-1, 5),), "position -1"),
+                         (((3, 128),), "token id 128"), (((3,),), r"expected \(position, token_id\) pairs")):
+    with pytest.raises(ConfigError, match="sample.infill: " + pattern):
+      infill_arrays(pairs, 2, 16, 128)
+  tokens, mask = infill_arrays(((0, 7), (15, 9)), 2, 16, 128)
+  assert mask.sum() == 4 and (tokens[:, 15] == 9).all()
+  with pytest.raises(ValueError, match=r"infill_tokens_BN: expected shape \(2, 16\)"):
+    gen(ones(2, 4), infill_tokens_BN=np.zeros((2, 17)), infill_mask_BN=np.zeros((2, 17), bool))
+  tokens[1, 15] = 500
+  with pytest.raises(ValueError, match="infill_tokens_BN: token 500 at row 1, position 15"):
+    gen(ones(2, 4), infill_tokens_BN=tokens, infill_mask_BN=mask)
+  with pytest.raises(ValueError, match="show='live'"):
+    gen(ones(2, 4), step_callback=print)
+
+
+_BARE_MODEL = _tiny_model()

@@ -278,6 +278,8 @@ class Transformer(nn.Module):
     slide, glob = encoder_masks(cfg, positions_BT, segment_ids_BT, pos_BS, seg_BS, start)
     ctx = _Ctx(positions_BT, slide, glob, start, segment_ids_BT != 0, decode=False)
     x_BTD = self.embedder.encode(tokens_BT)
+    # No-op unless a 'perturbations' collection is passed: lets tests take d(output)/d(input embedding).
+    x_BTD = self.perturb("encoder_inputs", x_BTD)
     x_BTD, ((ks, vs), aux) = self.blocks(x_BTD, (cache.k, cache.v), ctx)
     self._sow_aux(aux)
     new_cache = KVCache(k=ks, v=vs, positions_BS=pos_BS, segment_ids_BS=seg_BS,
@@ -306,6 +308,7 @@ class Transformer(nn.Module):
     slide, glob = decoder_masks(cfg, positions_BC, segment_ids_BC, cache.positions_BS,
                                 cache.segment_ids_BS, cache.length)
     ctx = _Ctx(positions_BC, slide, glob, cache.length, segment_ids_BC != 0, decode=True)
+    x_BCD = self.perturb("decoder_inputs", x_BCD)
     x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)
     self._sow_aux(aux)
     return self._logits(x_BCD)

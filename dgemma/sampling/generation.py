@@ -6,13 +6,15 @@ Reference doc, "Two modes" and "Sampler (released defaults)" / "Commit"; HF 5.24
      P + (num_canvases - 1) * C slots (padding slots get segment 0 and are never attended).
   2. Each canvas is denoised (`sampler.denoise_canvas`) at positions len_b + committed_b + [0, C):
      row b's canvas follows its own valid tokens, as HF does for a single unpadded prompt.
-  3. The argmax canvas is cut after its first end token, the rest padded (PAD); the valid tokens are
+  3. The canvas result (`sampler.canvas_result`: the argmax canvas, or z_0 for the ancestral
+     sampler) is cut after its first end token, the rest padded (PAD); the valid tokens are
      appended to the cache by a causal encode pass at the positions they were denoised at (the pad
      tail gets segment 0, so the next canvas's positions continue right after the valid tokens).
      The last canvas is never committed.
   4. Rows that ended stay PAD and take no more decoder passes; the loop stops early when every row
      ended (`early_exit`, `lax.while_loop`) or runs all canvases (`lax.scan`).
 Shapes are static: one compilation per (batch, prompt length, max_new_tokens, settings).
+Every request is checked on the host (`check_request`) before anything is traced or compiled.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import numpy as np
 from flax import struct
 
 from dgemma.model import init_cache
+from dgemma.model.config import ConfigError
+from dgemma.sampling import live
 from dgemma.sampling.noise import as_noise
-from dgemma.sampling.sampler import SamplerConfig, Trajectory, denoise_canvas
+from dgemma.sampling.sampler import SamplerConfig, Trajectory, canvas_result, denoise_canvas
 
 
 @struct.dataclass
@@ -71,6 +75,51 @@ def cache_size(prompt_len: int, max_new_tokens: int, canvas_len: int) -> int:
   return prompt_len + (num_canvases(max_new_tokens, canvas_len) - 1) * canvas_len
 
 
+def check_request(cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_tokens: int) -> None:
+  """Host-side checks of one generation request (before any tracing); errors name the field.
+
+  Context rule: every position the sampler uses must be < cfg.max_context. The cache holds the
+  (padded) prompt and every committed canvas, and the canvas being denoised follows them, so
+  prompt_len + num_canvases(max_new_tokens) * canvas_len <= max_context (max_new_tokens rounded up
+  to whole canvases: the last canvas is denoised whole even when it is cut).
+  """
+  if batch <= 0:
+    raise ConfigError(f"sample.num_samples: need at least one prompt row, got batch {batch}")
+  if prompt_len <= 0:
+    raise ConfigError(f"prompt: needs at least one token (e.g. BOS), got prompt length {prompt_len}")
+  if int(max_new_tokens) <= 0:
+    raise ConfigError(f"sample.max_new_tokens must be positive, got {max_new_tokens}")
+  k, c = num_canvases(int(max_new_tokens), cfg.canvas_len), cfg.canvas_len
+  needed = prompt_len + k * c
+  if needed > cfg.max_context:
+    raise ConfigError(
+        f"prompt: {prompt_len} prompt tokens + sample.max_new_tokens={max_new_tokens} (rounded up to {k} "
+        f"canvas(es) of {c}) need {needed} positions > sample.max_context={cfg.max_context}; shorten the "
+        f"prompt to at most {cfg.max_context - k * c} tokens or lower sample.max_new_tokens")
+
+
+def infill_arrays(pairs, batch: int, max_new_tokens: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """(infill_tokens_BN, infill_mask_BN) from (response position, token id) pairs, the same for every row.
+
+  Positions count from the first generated token (0 <= position < max_new_tokens); errors name
+  `sample.infill`.
+  """
+  tokens_BN = np.zeros((batch, max_new_tokens), np.int32)
+  mask_BN = np.zeros((batch, max_new_tokens), bool)
+  for pair in pairs:
+    if len(pair) != 2:
+      raise ConfigError(f"sample.infill: expected (position, token_id) pairs, got {tuple(pair)!r}")
+    pos, tok = int(pair[0]), int(pair[1])
+    if not 0 <= pos < max_new_tokens:
+      raise ConfigError(f"sample.infill: position {pos} is outside the response "
+                        f"[0, sample.max_new_tokens={max_new_tokens})")
+    if not 0 <= tok < vocab_size:
+      raise ConfigError(f"sample.infill: token id {tok} at position {pos} is outside the vocabulary "
+                        f"[0, {vocab_size})")
+    tokens_BN[:, pos], mask_BN[:, pos] = tok, True
+  return tokens_BN, mask_BN
+
+
 def cut_after_end(tokens_BC: jax.Array, end_ids: tuple[int, ...], pad_id: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(tokens with PAD after the first end token, valid mask [B, C], has_end [B])."""
   canvas_len = tokens_BC.shape[-1]
@@ -89,7 +138,7 @@ def _model_cfg(model):
 
 
 def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: str,
-                   params, prompt_BP, lengths_B, rng, fixed_BN, fixed_mask_BN) -> GenerateOutput:
+                   params, prompt_BP, lengths_B, rng, fixed_BN, fixed_mask_BN, callback_id) -> GenerateOutput:
   mcfg = _model_cfg(model)
   vocab = int(mcfg.vocab_size)
   batch, prompt_len = prompt_BP.shape
@@ -133,10 +182,10 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
     fixed_mask_BC = jax.lax.dynamic_slice_in_dim(fixed_mask_BM, k * C, C, axis=1)
     den = denoise_canvas(decode_fn, cfg, noise, noise.init_canvas(k, C, vocab), vocab, canvas_idx=k,
                          done_B=st.ended_B, fixed_BC=fixed_BC, fixed_mask_BC=fixed_mask_BC, record=record,
-                         sc_dtype=jnp.dtype(mcfg.param_dtype))
+                         sc_dtype=jnp.dtype(mcfg.param_dtype), callback_id=callback_id)
 
     # 3. cut after the first end token; ended rows contribute nothing
-    cut_BC, valid_BC, has_end_B = cut_after_end(den.argmax_BC, cfg.end_ids, cfg.pad_id)
+    cut_BC, valid_BC, has_end_B = cut_after_end(canvas_result(den, cfg), cfg.end_ids, cfg.pad_id)
     valid_BC = valid_BC & ~st.ended_B[:, None]
     cut_BC = jnp.where(valid_BC, cut_BC, cfg.pad_id)
     tokens_BM = jax.lax.dynamic_update_slice_in_dim(st.tokens_BM, cut_BC, k * C, axis=1)
@@ -184,31 +233,37 @@ _generate_jit = jax.jit(_generate_impl, static_argnums=(0, 1, 2, 3))
 
 def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: SamplerConfig, rng,
              max_new_tokens: int, return_trajectory: bool | str = False, *,
-             infill_tokens_BN=None, infill_mask_BN=None) -> GenerateOutput:
+             infill_tokens_BN=None, infill_mask_BN=None, step_callback=None) -> GenerateOutput:
   """Generates up to `max_new_tokens` per prompt with the DiffusionGemma sampler.
 
   model / params: a dgemma `Transformer` and its params.
   prompt_tokens_BP: int [B, P] prompts, right-padded (anything after prompt_lengths_B[b] is ignored);
-    every prompt needs at least one token (e.g. BOS).
+    every prompt needs at least one token (e.g. BOS). P + max_new_tokens rounded up to whole
+    canvases must fit in sampler_cfg.max_context (`check_request`).
   rng: a PRNG key (row b uses fold_in(rng, b)), per-row keys [B] (a row's tokens then do not depend
     on its batch), or a noise source from `dgemma.sampling.noise` (e.g. `FixedNoise` for replays).
   return_trajectory: False, True / 'first' (first canvas), or 'all' (every canvas).
   infill_tokens_BN / infill_mask_BN [B, max_new_tokens]: positions of the response fixed by the caller
-    (never re-noised; they appear in the output as given).
+    (never re-noised; they appear in the output as given); `infill_arrays` builds them from pairs.
+  step_callback: with sampler_cfg.show == 'live', called on the host with a `live.StepView` after
+    every executed denoising step, in order (e.g. a `live.LivePrinter`); None prints token ids.
+    The call returns once every step has been delivered.
+  Bad requests raise (ConfigError / ValueError naming the field) before anything is compiled.
   """
-  prompt_BP = jnp.asarray(prompt_tokens_BP, jnp.int32)
-  if prompt_BP.ndim != 2:
-    raise ValueError(f"prompt_tokens_BP: expected [batch, prompt_len], got shape {prompt_BP.shape}")
-  batch = prompt_BP.shape[0]
-  lengths_B = jnp.asarray(prompt_lengths_B, jnp.int32)
-  if lengths_B.shape != (batch,):
-    raise ValueError(f"prompt_lengths_B: expected shape ({batch},), got {lengths_B.shape}")
-  if not isinstance(lengths_B, jax.core.Tracer):
-    host_lengths = np.asarray(lengths_B)
-    if host_lengths.size and (host_lengths.min() < 1 or host_lengths.max() > prompt_BP.shape[1]):
-      raise ValueError(f"prompt_lengths_B: every length must be in [1, {prompt_BP.shape[1]}], got {host_lengths}")
-  if int(max_new_tokens) <= 0:
-    raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+  if not isinstance(sampler_cfg, SamplerConfig):
+    raise TypeError(f"sampler_cfg: expected a SamplerConfig, got {type(sampler_cfg).__name__}")
+  prompt_shape = np.shape(prompt_tokens_BP)
+  if len(prompt_shape) != 2:
+    raise ValueError(f"prompt_tokens_BP: expected [batch, prompt_len], got shape {prompt_shape}")
+  batch, prompt_len = prompt_shape
+  check_request(sampler_cfg, batch=batch, prompt_len=prompt_len, max_new_tokens=max_new_tokens)
+  max_new_tokens = int(max_new_tokens)
+  if np.shape(prompt_lengths_B) != (batch,):
+    raise ValueError(f"prompt_lengths_B: expected shape ({batch},), got {np.shape(prompt_lengths_B)}")
+  if not isinstance(prompt_lengths_B, jax.core.Tracer):
+    host_lengths = np.asarray(prompt_lengths_B)
+    if host_lengths.min() < 1 or host_lengths.max() > prompt_len:
+      raise ValueError(f"prompt_lengths_B: every length must be in [1, {prompt_len}], got {host_lengths}")
   if return_trajectory is True:
     return_trajectory = "first"
   traj = return_trajectory or "none"
@@ -219,24 +274,41 @@ def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: Sam
   if infill_mask_BN is None:
     infill_tokens_BN = np.zeros((batch, max_new_tokens), np.int32)
     infill_mask_BN = np.zeros((batch, max_new_tokens), bool)
-  infill_tokens_BN = jnp.asarray(infill_tokens_BN, jnp.int32)
-  infill_mask_BN = jnp.asarray(infill_mask_BN, bool)
   for name, x in (("infill_tokens_BN", infill_tokens_BN), ("infill_mask_BN", infill_mask_BN)):
-    if x.shape != (batch, max_new_tokens):
-      raise ValueError(f"{name}: expected shape {(batch, max_new_tokens)}, got {x.shape}")
+    if np.shape(x) != (batch, max_new_tokens):
+      raise ValueError(f"{name}: expected shape {(batch, max_new_tokens)} (one entry per response position), "
+                       f"got {np.shape(x)}")
+  if not isinstance(infill_tokens_BN, jax.core.Tracer) and not isinstance(infill_mask_BN, jax.core.Tracer):
+    host_tokens, host_mask = np.asarray(infill_tokens_BN), np.asarray(infill_mask_BN, bool)
+    vocab = int(_model_cfg(model).vocab_size)
+    bad = host_mask & ((host_tokens < 0) | (host_tokens >= vocab))
+    if bad.any():
+      b, n = np.argwhere(bad)[0]
+      raise ValueError(f"infill_tokens_BN: token {host_tokens[b, n]} at row {b}, position {n} is outside the "
+                       f"vocabulary [0, {vocab})")
+  if step_callback is not None and sampler_cfg.show != "live":
+    raise ValueError("step_callback: needs sampler_cfg.show='live' (config.sample.show); the callback is "
+                     "compiled into the program only then")
   if isinstance(rng, int):
     rng = jax.random.key(rng)
-  return _generate_jit(model, sampler_cfg, int(max_new_tokens), traj, params, prompt_BP, lengths_B, rng,
-                       infill_tokens_BN, infill_mask_BN)
+  args = (model, sampler_cfg, max_new_tokens, traj, params, jnp.asarray(prompt_tokens_BP, jnp.int32),
+          jnp.asarray(prompt_lengths_B, jnp.int32), rng, jnp.asarray(infill_tokens_BN, jnp.int32),
+          jnp.asarray(infill_mask_BN, bool))
+  if sampler_cfg.show != "live":
+    return _generate_jit(*args, np.int32(0))
+  printer = step_callback or live.LivePrinter(total_steps=sampler_cfg.max_denoising_steps,
+                                              end_ids=sampler_cfg.end_ids)
+  with live.registered(printer) as cb_id:
+    out = jax.block_until_ready(_generate_jit(*args, np.int32(cb_id)))
+    jax.effects_barrier()  # every step delivered before the callback is unregistered
+  return out
 
 
 def trajectory_steps(traj: Trajectory, row: int = 0, canvas: int = 0):
   """One row's record of one canvas as numpy, the steps it ran only: (tokens_SC, accepted_SC,
-  entropy_SC), tokens being what the step produced before re-noising (where(accepted, sampled,
-  canvas)): the inputs of `dgemma.report.trajectory_html`. `canvas` indexes the trajectory's
-  leading axis (always 0 for return_trajectory='first')."""
+  entropy_SC), tokens being what the step produced before re-noising (`Trajectory.shown`):
+  the inputs of `dgemma.report.trajectory_html`. `canvas` indexes the trajectory's leading axis
+  (always 0 for return_trajectory='first')."""
   t = jax.tree.map(lambda x: np.asarray(x[canvas]), traj)
   steps = np.flatnonzero(t.active_SB[:, row])
-  accepted = t.accepted_SBC[steps, row]
-  tokens = np.where(accepted, t.sampled_SBC[steps, row], t.canvas_SBC[steps, row])
-  return tokens, accepted, t.entropy_SBC[steps, row]
+  return t.shown_SBC[steps, row], t.accepted_SBC[steps, row], t.entropy_SBC[steps, row]

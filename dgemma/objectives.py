@@ -1,0 +1,186 @@
+"""Training objectives and likelihood bounds: pure functions of logits / token arrays (no model).
+
+Notation (../shared/reference/diffusiongemma.md, "Training recipe" and "Uniform-state diffusion
+likelihood"): vocabulary size N (= K), clean token x, noisy token z, diffusion time t in (0, 1), signal
+alpha = alpha(t) (probability that a token is kept), alpha' = d alpha / dt < 0. Uniform-state forward
+process: q(z_t | x) = alpha onehot(x) + (1 - alpha) / N. All functions below take per-token `alpha` /
+`dalpha` arrays broadcastable to the token arrays, compute in fp32 and return per-token values; the
+caller sums them with its padding weights.
+
+Objectives (`per_token_loss(name, ...)`):
+  base_ce            CE(softmax(f), x) at every canvas position (released recipe).
+  reweighted_ce      w(t) CE, w(t) = min(-alpha'/alpha, cap). Linear schedule alpha = 1 - t, alpha' = -1:
+                     w = 1 / (1 - t). This is the time factor of the uniform-state NELBO below
+                     (integrand = (-alpha'/alpha) * [...]); contrast masked diffusion (MDLM), whose
+                     NELBO weight is -alpha'/(1 - alpha) = 1/t. w diverges as t -> 1 (E_t[w] = inf for
+                     t ~ U(0, 1)), hence the cap (w = cap for t > 1 - 1/cap).
+  loo_ce             CE under softmax(f + delta onehot(z)), delta = log(1 + N alpha / (1 - alpha)):
+                     the Bayes posterior over x given z when f is the prior "from the other tokens",
+                     since q(z | x) / q(z | x' != z) = (alpha + (1 - alpha)/N) / ((1 - alpha)/N)
+                     = 1 + N alpha / (1 - alpha) = exp(delta) for x = z.
+  reweighted_loo_ce  w(t) * loo_ce.
+  nelbo              the continuous-time uniform-state NELBO integrand (`uniform_nelbo_per_token`).
+  mdlm               masked-diffusion NELBO: -alpha'/(1 - alpha) CE (mask logit removed) on masked
+                     positions, 0 elsewhere (Sahoo et al. 2024; SUBS parameterisation).
+  ar                 (handled by the caller: next-token CE of the causal encoder, no canvas.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+UNIFORM_OBJECTIVES = ("base_ce", "reweighted_ce", "loo_ce", "reweighted_loo_ce", "nelbo")
+OBJECTIVES = UNIFORM_OBJECTIVES + ("mdlm", "ar")
+SCHEDULES = ("linear", "cosine")
+
+
+# ---- noise schedules -----------------------------------------------------------------------------
+
+def schedule(name: str, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(alpha(t), alpha'(t)). 'linear': alpha = 1 - t (released); 'cosine': alpha = cos(pi t / 2)."""
+  t = jnp.asarray(t, jnp.float32)
+  if name == "linear":
+    return 1.0 - t, -jnp.ones_like(t)
+  if name == "cosine":
+    return jnp.cos(0.5 * math.pi * t), -0.5 * math.pi * jnp.sin(0.5 * math.pi * t)
+  raise ValueError(f"diffusion.schedule: {name!r} not in {SCHEDULES}")
+
+
+def time_weight(alpha: jax.Array, dalpha: jax.Array, cap: float) -> jax.Array:
+  """w(t) = min(-alpha'/alpha, cap): the NELBO's time factor (1 / (1 - t) for alpha = 1 - t)."""
+  alpha = jnp.maximum(jnp.asarray(alpha, jnp.float32), jnp.finfo(jnp.float32).tiny)  # no 0 / 0 at t = 1
+  return jnp.minimum(-jnp.asarray(dalpha, jnp.float32) / alpha, cap)
+
+
+def _clip_alpha(alpha: jax.Array) -> jax.Array:
+  # 0 < alpha < 1 strictly: alpha = 1 (t = 0) has no noise, alpha = 0 has no signal (delta -> inf / 0).
+  tiny = jnp.finfo(jnp.float32).tiny
+  return jnp.clip(jnp.asarray(alpha, jnp.float32), tiny, 1.0 - jnp.finfo(jnp.float32).epsneg)
+
+
+def log_snr(alpha: jax.Array, vocab_size: int) -> jax.Array:
+  """log rho, rho = N alpha / (1 - alpha); delta = log(1 + rho) = softplus(log rho)."""
+  alpha = _clip_alpha(alpha)
+  return math.log(vocab_size) + jnp.log(alpha) - jnp.log1p(-alpha)
+
+
+# ---- cross-entropies -----------------------------------------------------------------------------
+
+def _gather(x_NV: jax.Array, idx_N: jax.Array) -> jax.Array:
+  return jnp.take_along_axis(x_NV, idx_N[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def cross_entropy(logits_NV: jax.Array, x0_N: jax.Array) -> jax.Array:
+  """-log softmax(f)[x] per token (fp32)."""
+  logits_NV = logits_NV.astype(jnp.float32)
+  return jax.nn.logsumexp(logits_NV, axis=-1) - _gather(logits_NV, x0_N)
+
+
+def loo_cross_entropy(logits_NV: jax.Array, x0_N: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
+  """-log softmax(f + delta onehot(z))[x], delta = log(1 + rho), rho = N alpha / (1 - alpha).
+
+  No one-hot: logsumexp_j(f_j + delta [j = z]) = log(sum_j e^f_j + (e^delta - 1) e^f_z)
+  = logaddexp(logsumexp(f), f_z + log rho), since e^delta - 1 = rho.
+  """
+  logits_NV = logits_NV.astype(jnp.float32)
+  log_rho_N = log_snr(alpha_N, logits_NV.shape[-1])
+  f_z_N = _gather(logits_NV, zt_N)
+  logz_N = jnp.logaddexp(jax.nn.logsumexp(logits_NV, axis=-1), f_z_N + log_rho_N)
+  delta_N = jax.nn.softplus(log_rho_N)
+  return logz_N - _gather(logits_NV, x0_N) - jnp.where(x0_N == zt_N, delta_N, 0.0)
+
+
+def loo_logits(logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
+  """f + delta onehot(z): the x0 logits a loo-trained model stands for (sampling / NELBO eval)."""
+  logits_NV = logits_NV.astype(jnp.float32)
+  delta_N = jax.nn.softplus(log_snr(alpha_N, logits_NV.shape[-1]))
+  is_z_NV = jnp.arange(logits_NV.shape[-1], dtype=jnp.int32) == zt_N[..., None]
+  return logits_NV + jnp.where(is_z_NV, delta_N[..., None], 0.0)
+
+
+# ---- uniform-state NELBO -------------------------------------------------------------------------
+
+def uniform_nelbo_per_token(logits_NV: jax.Array, x0_N: jax.Array, zt_N: jax.Array, alpha_t: jax.Array,
+                            dalpha_t: jax.Array) -> jax.Array:
+  """Continuous-time uniform-state NELBO integrand per token (UDLM, Schiff et al. 2024; Duo, Sahoo
+  et al. 2025), x_theta = softmax(logits). E_{t, z_t}[this] (+ the t = 0 reconstruction term, zero for
+  alpha(0) = 1) upper-bounds -log p(x). O(V) per token, no one-hot vectors, fp32.
+
+  Reference form (doc), xbar = N alpha onehot(x) + (1 - alpha), xbar_th = N alpha x_theta + (1 - alpha):
+    (alpha' / (N alpha)) [ N/xbar_z - N/xbar_th_z - sum_j (xbar_j / xbar_z)
+                           (log xbar_th_z - log xbar_th_j + log xbar_j - log xbar_z) ].
+  Rearrangement: sum_j xbar_j = sum_j xbar_th_j = N, so with u = xbar_th_z / xbar_z the bracket is
+    -(1 / xbar_z) [ N (log u + 1/u - 1) + KL(xbar || xbar_th) ],   KL = sum_j xbar_j log(xbar_j / xbar_th_j),
+  both terms >= 0 (log u >= 1 - 1/u; Gibbs for equal total mass). Write beta = 1 - alpha,
+  rho = N alpha / beta, r_j = xbar_th_j / beta = 1 + rho p_j (log r_j = softplus(log rho + log p_j)),
+  xbar_j / beta = 1 + rho [j = x]. Then KL / beta = (1 + rho) log((1 + rho) / r_x) + log r_x - sum_j log r_j
+  (the log beta terms cancel), log u = log r_z - [z = x] log(1 + rho), beta / xbar_z = [z = x] / (1 + rho)
+  + [z != x], and
+    integrand = (-alpha'/alpha) (beta / xbar_z) [ (log u + 1/u - 1) / beta + (KL / beta) / N ].
+  Only per-token scalars, one log-softmax and one softplus + sum over the vocabulary are needed.
+  """
+  logits_NV = logits_NV.astype(jnp.float32)
+  N = logits_NV.shape[-1]
+  alpha_N = jnp.broadcast_to(_clip_alpha(alpha_t), x0_N.shape)
+  dalpha_N = jnp.broadcast_to(jnp.asarray(dalpha_t, jnp.float32), x0_N.shape)
+  log_rho_N = log_snr(alpha_N, N)
+  logp_NV = jax.nn.log_softmax(logits_NV, axis=-1)
+  log_r_NV = jax.nn.softplus(log_rho_N[..., None] + logp_NV)  # log(xbar_th_j / beta)
+  sum_log_r_N = jnp.sum(log_r_NV, axis=-1)
+  log_r_x_N, log_r_z_N = _gather(log_r_NV, x0_N), _gather(log_r_NV, zt_N)
+  log_1p_rho_N = jax.nn.softplus(log_rho_N)                   # log(xbar_x / beta)
+  same_N = x0_N == zt_N
+  log_u_N = log_r_z_N - jnp.where(same_N, log_1p_rho_N, 0.0)
+  # Both terms are >= 0 exactly; the max only removes fp32 round-off (where the value and its gradient ~ 0).
+  itakura_N = jnp.maximum(log_u_N + jnp.expm1(-log_u_N), 0.0)  # log u + 1/u - 1
+  kl_over_beta_N = jnp.maximum(
+      (1.0 + jnp.exp(log_rho_N)) * (log_1p_rho_N - log_r_x_N) + log_r_x_N - sum_log_r_N, 0.0)
+  beta_over_xbar_z_N = jnp.where(same_N, jnp.exp(-log_1p_rho_N), 1.0)
+  bracket_N = itakura_N / (1.0 - alpha_N) + kl_over_beta_N / N
+  return (-dalpha_N / alpha_N) * beta_over_xbar_z_N * bracket_N
+
+
+# ---- masked diffusion (MDLM baseline) ------------------------------------------------------------
+
+def mdlm_nelbo_per_token(logits_NV: jax.Array, x0_N: jax.Array, zt_N: jax.Array, alpha_t: jax.Array,
+                         dalpha_t: jax.Array, mask_id: int) -> jax.Array:
+  """MDLM continuous-time NELBO integrand: (-alpha'/(1 - alpha)) CE(x_theta, x) [z = MASK], with
+  x_theta = softmax over the vocabulary without the mask token (SUBS: never predict MASK; unmasked
+  tokens are copied, so they cost 0). Linear schedule: weight 1/t."""
+  logits_NV = logits_NV.astype(jnp.float32)
+  is_mask_V = jnp.arange(logits_NV.shape[-1], dtype=jnp.int32) == mask_id
+  ce_N = cross_entropy(jnp.where(is_mask_V, -jnp.inf, logits_NV), x0_N)
+  alpha_N = jnp.broadcast_to(jnp.asarray(alpha_t, jnp.float32), x0_N.shape)
+  weight_N = -jnp.asarray(dalpha_t, jnp.float32) / jnp.maximum(1.0 - alpha_N, jnp.finfo(jnp.float32).tiny)
+  return jnp.where(zt_N == mask_id, weight_N * ce_N, 0.0)
+
+
+# ---- dispatch ------------------------------------------------------------------------------------
+
+def per_token_loss(name: str, logits_NV: jax.Array, x0_N: jax.Array, zt_N: jax.Array, alpha_N: jax.Array,
+                   dalpha_N: jax.Array, *, reweight_cap: float = 10.0, mask_id: int = 4) -> jax.Array:
+  """The per-token training loss of objective `name` (see the module docstring); fp32 [N]."""
+  if name == "base_ce":
+    return cross_entropy(logits_NV, x0_N)
+  if name == "reweighted_ce":
+    return time_weight(alpha_N, dalpha_N, reweight_cap) * cross_entropy(logits_NV, x0_N)
+  if name == "loo_ce":
+    return loo_cross_entropy(logits_NV, x0_N, zt_N, alpha_N)
+  if name == "reweighted_loo_ce":
+    return time_weight(alpha_N, dalpha_N, reweight_cap) * loo_cross_entropy(logits_NV, x0_N, zt_N, alpha_N)
+  if name == "nelbo":
+    return uniform_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N)
+  if name == "mdlm":
+    return mdlm_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, mask_id)
+  raise ValueError(f"diffusion.objective: {name!r} has no per-token canvas loss (one of {OBJECTIVES})")
+
+
+def x0_logits(name: str, logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
+  """The x0-prediction logits the objective trains: loo objectives add delta onehot(z) to the network
+  output; the others use it as is."""
+  if name in ("loo_ce", "reweighted_loo_ce"):
+    return loo_logits(logits_NV, zt_N, alpha_N)
+  return logits_NV.astype(jnp.float32)

@@ -1,0 +1,306 @@
+"""Training objectives (dgemma/objectives.py) against slow literal implementations, and the
+uniform-state NELBO against the discrete-time ELBO and known entropies. No model: small arrays only."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import tiny_test
+from dgemma import config as config_lib
+from dgemma import diffusion, objectives
+from dgemma.model import ConfigError
+
+
+# ---- slow literal references (python loops, explicit one-hot vectors, float64) -------------------
+
+def _softmax(f):
+  e = np.exp(f - np.max(f))
+  return e / e.sum()
+
+
+def _onehot(i, n):
+  v = np.zeros(n)
+  v[i] = 1.0
+  return v
+
+
+def ref_ce(f, x):
+  return -math.log(_softmax(f)[x])
+
+
+def ref_weight(t, cap):
+  return min(1.0 / (1.0 - t), cap)  # -alpha'/alpha, alpha = 1 - t, alpha' = -1
+
+
+def ref_loo_ce(f, x, z, alpha):
+  n = len(f)
+  delta = math.log(1.0 + n * alpha / (1.0 - alpha))
+  return -math.log(_softmax(f + delta * _onehot(z, n))[x])
+
+
+def ref_nelbo(f, x, z, alpha, dalpha):
+  """The reference doc's formula, literally."""
+  n = len(f)
+  x_theta = _softmax(f)
+  xbar = n * alpha * _onehot(x, n) + (1.0 - alpha)
+  xbar_theta = n * alpha * x_theta + (1.0 - alpha)
+  total = n / xbar[z] - n / xbar_theta[z]
+  for j in range(n):
+    total -= (xbar[j] / xbar[z]) * (math.log(xbar_theta[z]) - math.log(xbar_theta[j])
+                                    + math.log(xbar[j]) - math.log(xbar[z]))
+  return dalpha / (n * alpha) * total
+
+
+def ref_mdlm(f, x, z, t, mask_id):
+  if z != mask_id:
+    return 0.0
+  g = np.array(f, np.float64)
+  g[mask_id] = -np.inf
+  return (1.0 / t) * -math.log(_softmax(g)[x])  # -alpha'/(1 - alpha) = 1/t
+
+
+def _random_case(seed, n, num=24, scale=3.0):
+  """Logits, targets x, noisy z (half equal to x), and t per token spanning (1e-4, 1)."""
+  rng = np.random.default_rng(seed)
+  f = (rng.normal(size=(num, n)) * scale).astype(np.float32)
+  x = rng.integers(0, n, num)
+  z = np.where(rng.random(num) < 0.5, x, rng.integers(0, n, num))
+  t = np.concatenate([[1e-4, 1e-3, 0.5, 0.95, 0.999, 0.9999], rng.uniform(1e-4, 1.0, num - 6)]).astype(np.float32)
+  return f, x, z, t
+
+
+def _alpha32(t):
+  # The functions receive fp32 alpha = 1 - t; the references use that same alpha in float64.
+  return np.float32(1.0) - np.float32(t)
+
+
+# ---- per-token objectives vs the literal references ----------------------------------------------
+
+@pytest.mark.parametrize("n", [5, 37])
+@pytest.mark.parametrize("name", ["base_ce", "reweighted_ce", "loo_ce", "reweighted_loo_ce", "nelbo"])
+def test_uniform_objectives_match_literal(name, n):
+  f, x, z, t = _random_case(n, n)
+  alpha, dalpha = objectives.schedule("linear", t)
+  cap = 50.0
+  got = np.asarray(objectives.per_token_loss(name, jnp.asarray(f), jnp.asarray(x), jnp.asarray(z), alpha, dalpha,
+                                             reweight_cap=cap))
+  want = []
+  for i in range(len(x)):
+    fi, a = f[i].astype(np.float64), float(_alpha32(t[i]))
+    if name == "base_ce":
+      want.append(ref_ce(fi, x[i]))
+    elif name == "reweighted_ce":
+      want.append(min(1.0 / a, cap) * ref_ce(fi, x[i]))
+    elif name == "loo_ce":
+      want.append(ref_loo_ce(fi, x[i], z[i], a))
+    elif name == "reweighted_loo_ce":
+      want.append(min(1.0 / a, cap) * ref_loo_ce(fi, x[i], z[i], a))
+    else:
+      want.append(ref_nelbo(fi, x[i], z[i], a, -1.0))
+  want = np.asarray(want)
+  np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5)
+
+
+def test_reweighting_is_minus_dalpha_over_alpha():
+  # alpha = 1 - t, alpha' = -1: -alpha'/alpha = 1/(1 - t); capped at t > 1 - 1/cap.
+  t = np.array([1e-4, 0.25, 0.5, 0.8, 0.9, 0.95, 0.999999], np.float32)
+  alpha, dalpha = objectives.schedule("linear", t)
+  w = np.asarray(objectives.time_weight(alpha, dalpha, cap=10.0))
+  np.testing.assert_allclose(w, [ref_weight(float(ti), 10.0) for ti in t], rtol=1e-5)
+  assert np.isfinite(objectives.time_weight(jnp.zeros(1), -jnp.ones(1), 10.0)).all()
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine"])
+def test_schedule_derivative(name):
+  t = jnp.linspace(0.01, 0.99, 33)
+  alpha, dalpha = objectives.schedule(name, t)
+  alpha0, _ = objectives.schedule(name, jnp.zeros(()))
+  alpha1, _ = objectives.schedule(name, jnp.ones(()))
+  assert abs(float(alpha0) - 1.0) < 1e-6 and abs(float(alpha1)) < 1e-6
+  h = 1e-3
+  fd = (objectives.schedule(name, t + h)[0] - objectives.schedule(name, t - h)[0]) / (2 * h)
+  np.testing.assert_allclose(dalpha, fd, rtol=1e-3, atol=1e-3)
+
+
+def test_loo_logits_consistent_with_loo_ce():
+  f, x, z, t = _random_case(1, 11)
+  alpha = jnp.asarray(1.0 - t)
+  ce = objectives.cross_entropy(objectives.loo_logits(jnp.asarray(f), jnp.asarray(z), alpha), jnp.asarray(x))
+  np.testing.assert_allclose(ce, objectives.loo_cross_entropy(jnp.asarray(f), jnp.asarray(x), jnp.asarray(z), alpha),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_mdlm_matches_literal():
+  n, mask_id = 9, 4
+  f, x, _, t = _random_case(3, n)
+  x = np.where(x == mask_id, 0, x)  # clean tokens are never the mask
+  rng = np.random.default_rng(0)
+  z = np.where(rng.random(len(x)) < 0.5, mask_id, x)
+  alpha, dalpha = objectives.schedule("linear", t)
+  got = objectives.per_token_loss("mdlm", jnp.asarray(f), jnp.asarray(x), jnp.asarray(z), alpha, dalpha, mask_id=mask_id)
+  want = [ref_mdlm(f[i].astype(np.float64), x[i], z[i], 1.0 - float(_alpha32(t[i])), mask_id) for i in range(len(x))]
+  np.testing.assert_allclose(got, want, rtol=2e-4)
+
+
+def test_mdlm_corruption_uses_mask_id():
+  tokens = jnp.full((64, 256), 7, jnp.int32)
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(0), i))(jnp.arange(64))
+  p = jnp.linspace(0.0, 1.0, 64)
+  noisy, replaced = diffusion.corrupt_rows(keys, tokens, p, 100, mask_id=4)
+  assert set(np.unique(np.asarray(noisy))) <= {4, 7}
+  np.testing.assert_array_equal(np.asarray(noisy) == 4, np.asarray(replaced))
+  assert abs(float(replaced.mean()) - 0.5) < 0.02
+
+
+# ---- the uniform-state NELBO ---------------------------------------------------------------------
+
+def test_nelbo_large_vocab_extreme_t_fp32():
+  """Rearranged fp32 form vs the literal float64 formula at V = 32768, t from 1e-4 to 1 - 1e-4, with
+  confident, flat and wrong predictions; value and gradient finite."""
+  n = 32768
+  rng = np.random.default_rng(0)
+  rows = []
+  for t in (1e-4, 0.01, 0.5, 0.9999):
+    for scale, boost in ((1.0, 0.0), (10.0, 0.0), (3.0, 40.0)):
+      f = (rng.normal(size=n) * scale).astype(np.float32)
+      x = int(rng.integers(0, n))
+      f[x] += boost
+      for z in (x, int(rng.integers(0, n))):
+        rows.append((f, x, z, t))
+  f = np.stack([r[0] for r in rows])
+  x, z = np.array([r[1] for r in rows]), np.array([r[2] for r in rows])
+  alpha = np.array([_alpha32(r[3]) for r in rows], np.float32)
+
+  def vec_ref(fi, xi, zi, a):  # the doc formula, vectorised over j, float64
+    p = _softmax(fi.astype(np.float64))
+    xbar = np.full(n, 1.0 - a)
+    xbar[xi] += n * a
+    xbt = n * a * p + (1.0 - a)
+    s = np.sum(xbar / xbar[zi] * (np.log(xbt[zi]) - np.log(xbt) + np.log(xbar) - np.log(xbar[zi])))
+    return -1.0 / (n * a) * (n / xbar[zi] - n / xbt[zi] - s)
+
+  want = np.array([vec_ref(f[i], x[i], z[i], float(alpha[i])) for i in range(len(x))])
+  fn = lambda logits: objectives.uniform_nelbo_per_token(logits, jnp.asarray(x), jnp.asarray(z), jnp.asarray(alpha),
+                                                         -jnp.ones(len(x)))
+  got = np.asarray(fn(jnp.asarray(f)))
+  assert np.all(got >= 0)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  grads = jax.grad(lambda l: jnp.sum(fn(l)))(jnp.asarray(f))
+  assert np.all(np.isfinite(np.asarray(grads)))
+
+
+def test_nelbo_zero_for_perfect_prediction_and_positive_otherwise():
+  n = 50
+  x = jnp.arange(8) % n
+  z = jnp.array([0, 1, 2, 3, 9, 10, 11, 12])  # first four equal x, last four corrupted
+  perfect = jax.nn.one_hot(x, n) * 200.0
+  for t in (0.01, 0.5, 0.99):
+    alpha = jnp.full(8, 1.0 - t)
+    val = objectives.uniform_nelbo_per_token(perfect, x, z, alpha, -jnp.ones(8))
+    np.testing.assert_allclose(val, 0.0, atol=1e-4)
+    flat = objectives.uniform_nelbo_per_token(jnp.zeros((8, n)), x, z, alpha, -jnp.ones(8))
+    assert np.all(np.asarray(flat) > 0)
+
+
+def _posterior(v, zt, a_s, a_t, n):
+  """q(z_s | z_t, x) from the reference doc, x replaced by the vector v (one-hot or x_theta)."""
+  e = _onehot(zt, n)
+  w = n * a_t * v[zt] * e + (a_t / a_s - a_t) * e + (a_s - a_t) * v + (1.0 - a_t / a_s) * (1.0 - a_s) / n
+  return w / w.sum()
+
+
+def _discrete_elbo(x, table, ts, n):
+  """sum_i E_{z_t ~ q(z_t|x)} KL(q(z_s|z_t,x) || p_theta(z_s|z_t)), s = t_{i-1}, t = t_i, alpha = 1 - t;
+  exact sums over z_t (no sampling). The prior term is 0 (alpha(1) = 0: uniform) and the last step
+  (s = 0) is the reconstruction term -log p_theta(x | z_{t_1})."""
+  total = 0.0
+  for s, t in zip(ts[:-1], ts[1:]):
+    a_s, a_t = 1.0 - s, 1.0 - t
+    q_t = a_t * _onehot(x, n) + (1.0 - a_t) / n
+    for zt in range(n):
+      q = _posterior(_onehot(x, n), zt, a_s, a_t, n)
+      p = _posterior(table(zt, t), zt, a_s, a_t, n)
+      m = q > 0
+      total += q_t[zt] * np.sum(q[m] * np.log(q[m] / p[m]))
+  return total
+
+
+def _continuous_nelbo(x, table, n, points=4000):
+  """integral over t in (0, 1) of E_{z_t ~ q(z_t|x)}[uniform_nelbo_per_token], trapezoid on a grid that
+  is geometric near t = 0 (the integrand grows like log(1/t) there) and linear above 0.5."""
+  ts = np.concatenate([np.geomspace(1e-9, 0.5, points), np.linspace(0.5, 1.0 - 1e-6, points)[1:]])
+  alpha = (1.0 - ts).astype(np.float32)
+  expected = np.zeros_like(ts)
+  for zt in range(n):
+    logits = np.log(np.stack([table(zt, t) for t in ts])).astype(np.float32)
+    vals = objectives.uniform_nelbo_per_token(jnp.asarray(logits), jnp.full(len(ts), x), jnp.full(len(ts), zt),
+                                              jnp.asarray(alpha), -jnp.ones(len(ts)))
+    expected += ((1.0 - ts) * (zt == x) + ts / n) * np.asarray(vals, np.float64)
+  return np.trapezoid(expected, ts)
+
+
+def test_nelbo_is_the_limit_of_the_discrete_time_elbo():
+  n = 4
+  rng = np.random.default_rng(0)
+  x_theta = rng.dirichlet(np.ones(n), size=n)  # a fixed x_theta(z_t), not learned
+  table = lambda zt, t: x_theta[zt]
+  for x in range(n):
+    cont = _continuous_nelbo(x, table, n)
+    errs = [abs(_discrete_elbo(x, table, np.linspace(0.0, 1.0, steps + 1), n) / cont - 1.0) for steps in (50, 500)]
+    assert errs[1] < 1e-2, (x, cont, errs)
+    assert errs[1] <= errs[0] + 1e-4, errs  # converging as the steps shrink
+
+
+def test_nelbo_bounds_the_entropy_of_a_toy_source():
+  """i.i.d. tokens x ~ pi: E_x[NELBO] (the t = 0 reconstruction term is 0 since alpha(0) = 1) is never
+  below H(pi). With x_theta = pi (the true marginal) the reverse rates xbar_theta_j / xbar_theta_z =
+  q_t(j) / q_t(z) are the exact ones, so the bound is tight; other denoisers (the x0 posterior mean,
+  a wrong constant) pay more."""
+  n = 5
+  rng = np.random.default_rng(1)
+  pi = rng.dirichlet(np.full(n, 0.7))
+  entropy = -np.sum(pi * np.log(pi))
+
+  def posterior_mean(zt, t):  # p(x | z_t) for x ~ pi
+    w = pi * ((1.0 - t) * _onehot(zt, n) + t / n)
+    return w / w.sum()
+
+  wrong = rng.dirichlet(np.ones(n))
+  bounds = {name: sum(pi[x] * _continuous_nelbo(x, table, n, points=2000) for x in range(n))
+            for name, table in [("marginal", lambda zt, t: pi), ("posterior_mean", posterior_mean),
+                                ("wrong", lambda zt, t: wrong)]}
+  assert bounds["marginal"] >= entropy * (1.0 - 1e-4), (bounds, entropy)
+  assert abs(bounds["marginal"] / entropy - 1.0) < 1e-3, (bounds, entropy)
+  for name in ("posterior_mean", "wrong"):
+    assert bounds[name] > entropy * 1.01, (name, bounds, entropy)
+
+
+# ---- config validation of the new keys -----------------------------------------------------------
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda c: setattr(c.diffusion, "objective", "elbo"), "diffusion.objective"),
+    (lambda c: setattr(c.diffusion, "schedule", "cubic"), "diffusion.schedule"),
+    (lambda c: setattr(c.diffusion, "reweight_cap", 0.5), "diffusion.reweight_cap"),
+    (lambda c: (setattr(c.diffusion, "objective", "mdlm"), setattr(c.diffusion, "mask_id", 4)), "diffusion.mask_id"),
+    (lambda c: (setattr(c.diffusion, "objective", "mdlm"), setattr(c.diffusion, "mask_id", 260)),
+     "diffusion.mask_id"),  # byte tokenizer: ids < 260 are real tokens; 260 needs model.vocab_size > 260
+    (lambda c: setattr(c.opt, "grad_accum_steps", 3), "opt.grad_accum_steps"),
+    (lambda c: setattr(c.opt, "grad_accum_steps", 0), "opt.grad_accum_steps"),
+    (lambda c: setattr(c.opt, "state_dtype", "float16"), "opt.state_dtype"),
+])
+def test_new_keys_validated(mutate, field):
+  config = tiny_test.get_config()
+  mutate(config)
+  with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    config_lib.validate(config)
+
+
+def test_mdlm_config_with_added_mask_token_is_valid():
+  config = tiny_test.get_config()
+  config.diffusion.objective = "mdlm"
+  config.model.vocab_size = 261
+  config.diffusion.mask_id = 260
+  config_lib.validate(config)
