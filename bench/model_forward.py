@@ -4,11 +4,13 @@
 
 The model preset's random weights; a `context`-token prompt is encoded into the KV cache once, then
 the jitted `Transformer.decode` runs over a `canvas`-token canvas (with self-conditioning logits, as
-at every sampler step after the first). Compile excluded; median of timed calls. Also times the
-causal `encode` of the context and a large f32 matmul in the same process: the model's FLOP rate
-as a fraction of that matmul rate says how close the forward is to the machine's practical peak.
+at every sampler step after the first). Compile excluded; median of timed calls. In the same process,
+to show where the time goes: the other MoE path, a zero self-conditioning signal, the MoE branch
+removed, the causal `encode` of the context, and a large f32 matmul: the useful FLOP rate as a
+fraction of that matmul rate says how close a pass is to the machine's practical peak.
 """
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -61,14 +63,17 @@ def matmul_gflops(n: int = 2048, reps: int = 10) -> float:
   return 2 * n**3 / time_call(lambda: f(a), reps) / 1e9
 
 
-def forward_flops(cfg: ModelConfig, tokens: int, keys: int, self_cond: bool) -> float:
-  """Matmul FLOPs of one pass over `tokens` queries attending `keys` keys (dense masks: all keys)."""
-  s = params_tool.summarize(cfg)
-  comps = s["components"]
+def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_signal: bool) -> float:
+  """Useful matmul FLOPs of one pass over `tokens` queries attending `keys` keys: active experts only,
+  output logits, attention over every key (the masks are dense), and in the decoder the
+  self-conditioning MLP plus, with a signal, the soft embedding softmax(sc) @ table."""
+  comps = params_tool.summarize(cfg)["components"]
   trunk = sum(comps[c][1] for c in ("attention", "dense_mlp", "experts", "router"))
   per_token = 2 * trunk + 2 * cfg.vocab_size * cfg.d_model  # + output logits
-  if self_cond and cfg.self_conditioning:
-    per_token += 2 * comps["self_conditioning"][1] + 2 * cfg.vocab_size * cfg.d_model  # + soft embedding
+  if decoder and cfg.self_conditioning:
+    per_token += 2 * comps["self_conditioning"][1]
+    if sc_signal:
+      per_token += 2 * cfg.vocab_size * cfg.d_model
   attn = 0
   for kind in cfg.layer_types:
     _, H = layers.attn_dims(cfg, kind)
@@ -76,63 +81,92 @@ def forward_flops(cfg: ModelConfig, tokens: int, keys: int, self_cond: bool) -> 
   return tokens * (per_token + attn)
 
 
+def xla_flops(jitted, *args) -> float:
+  """FLOPs XLA counts in the compiled program (what the lowering really computes)."""
+  cost = jitted.lower(*args).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get("flops", float("nan")))
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
   group = params_tool.model_group(config)
-  cfg = ModelConfig.from_config_dict(group)
+  base = ModelConfig.from_config_dict(group)
   C, S = _CANVAS.value, _CONTEXT.value
-  model = Transformer(cfg)
-  params = random_params(cfg)
   g = np.random.default_rng(1)
-  ctx_1S = jnp.asarray(g.integers(0, cfg.vocab_size, (1, S)), jnp.int32)
-  canvas_1C = jnp.asarray(g.integers(0, cfg.vocab_size, (1, C)), jnp.int32)
+  ctx_1S = jnp.asarray(g.integers(0, base.vocab_size, (1, S)), jnp.int32)
+  canvas_1C = jnp.asarray(g.integers(0, base.vocab_size, (1, C)), jnp.int32)
+  sc = jnp.asarray(g.normal(0, 1, (1, C, base.vocab_size)), jnp.float32)
   pos_1S = jnp.arange(S, dtype=jnp.int32)[None]
   pos_1C = S + jnp.arange(C, dtype=jnp.int32)[None]
   ones_1S, ones_1C = jnp.ones((1, S), jnp.int32), jnp.ones((1, C), jnp.int32)
+  other = "dense" if base.moe_impl == "ragged" else "ragged"
+  no_moe = dataclasses.replace(base, num_experts=0)
 
-  @jax.jit
-  def encode(params, tokens):
-    cache = init_cache(cfg, 1, S, jnp.dtype(cfg.dtype))
-    _, cache = model.apply({"params": params}, tokens, pos_1S, ones_1S, cache, return_logits=False,
-                           method=Transformer.encode)
-    return cache
+  # (pass, label, cfg, self-conditioning signal): the preset first; the rest say where the time goes
+  variants = [
+      ("decode", f"MoE {base.moe_impl} (preset)", base, True),
+      ("decode", f"MoE {other}", dataclasses.replace(base, moe_impl=other), True),
+      ("decode", f"MoE {base.moe_impl}, zero self-cond signal", base, False),
+      ("decode", "MoE branch removed", no_moe, True),
+      ("encode", f"MoE {base.moe_impl} (preset)", base, False),
+      ("encode", f"MoE {other}", dataclasses.replace(base, moe_impl=other), False),
+      ("encode", "MoE branch removed", no_moe, False),
+  ]
+  params_of = {base.num_experts: random_params(base), 0: random_params(no_moe)}
+  fns, caches = [], {}
+  for kind, label, cfg, with_sc in variants:
+    model, params = Transformer(cfg), params_of[cfg.num_experts]
 
-  @jax.jit
-  def decode(params, canvas, cache, sc_logits):
-    return model.apply({"params": params}, canvas, pos_1C, ones_1C, cache, sc_logits_BCV=sc_logits,
-                       method=Transformer.decode)
+    @jax.jit
+    def encode(params, tokens, model=model, cfg=cfg):
+      cache = init_cache(cfg, 1, S, jnp.dtype(cfg.dtype))
+      _, cache = model.apply({"params": params}, tokens, pos_1S, ones_1S, cache, return_logits=False,
+                             method=Transformer.encode)
+      return cache
 
-  t0 = time.perf_counter()
-  cache = jax.block_until_ready(encode(params, ctx_1S))
-  enc_compile = time.perf_counter() - t0
-  sc = jnp.asarray(g.normal(0, 1, (1, C, cfg.vocab_size)), jnp.float32)
-  t0 = time.perf_counter()
-  jax.block_until_ready(decode(params, canvas_1C, cache, sc))
-  dec_compile = time.perf_counter() - t0
+    @jax.jit
+    def decode(params, canvas, cache, sc_logits, model=model):
+      return model.apply({"params": params}, canvas, pos_1C, ones_1C, cache, sc_logits_BCV=sc_logits,
+                         method=Transformer.decode)
+
+    key = (cfg.num_experts, cfg.moe_impl)
+    if key not in caches:
+      caches[key] = jax.block_until_ready(encode(params, ctx_1S))
+    t0 = time.perf_counter()
+    if kind == "decode":
+      args = (params, canvas_1C, caches[key], sc if with_sc else None)
+      fn, n, flops = decode, C, forward_flops(cfg, C, S + C, True, with_sc)
+    else:
+      args = (params, ctx_1S)
+      fn, n, flops = encode, S, forward_flops(cfg, S, S, False, False)
+    jax.block_until_ready(fn(*args))
+    compile_s = time.perf_counter() - t0
+    fns.append((kind, label, n, flops, xla_flops(fn, *args), compile_s, lambda fn=fn, args=args: fn(*args)))
 
   reps = _REPS.value
   peak = matmul_gflops()
-  dec_s = time_call(lambda: decode(params, canvas_1C, cache, sc), reps)
-  enc_s = time_call(lambda: encode(params, ctx_1S), reps)
+  times = [time_call(call, reps) for *_, call in fns]
   peak2 = matmul_gflops()  # again after: the machine is shared, bracket the measurement
   peak = (peak + peak2) / 2
-  dec_gf = forward_flops(cfg, C, S + C, True) / dec_s / 1e9
-  enc_gf = forward_flops(cfg, S, S, False) / enc_s / 1e9
-  counts = params_tool.summarize(cfg)
+  counts = params_tool.summarize(base)
 
   print(f"command: {' '.join(sys.argv)}")
   print(f"model: {group.get('preset', '?')}  params total={counts['total'] / 1e6:.2f}M "
-        f"active={counts['active'] / 1e6:.2f}M  dtype={cfg.dtype}  moe_impl={cfg.moe_impl}  "
-        f"devices={jax.devices()[0].platform} x{jax.device_count()}")
-  print(f"compile: decode {dec_compile:.1f} s, encode {enc_compile:.1f} s (excluded below)")
-  print(f"{'pass':<34} {'ms':>8} {'tokens/s':>10} {'GFLOP/s':>8} {'/matmul':>8}")
-  print(f"{f'decode: canvas {C}, cache {S}, self-cond':<34} {dec_s * 1e3:>8.1f} {C / dec_s:>10,.0f} "
-        f"{dec_gf:>8.1f} {dec_gf / peak:>8.2f}")
-  print(f"{f'encode: {S} tokens (causal, no logits)':<34} {enc_s * 1e3:>8.1f} {S / enc_s:>10,.0f} "
-        f"{enc_gf:>8.1f} {enc_gf / peak:>8.2f}")
-  print(f"f32 2048^2 matmul in the same run: {peak:.1f} GFLOP/s (mean of before/after: {peak2:.1f} after)")
-  print("(encode GFLOP/s counts the output-logit matmul, which return_logits=False skips: an upper bound)")
+        f"active={counts['active'] / 1e6:.2f}M  dtype={base.dtype}  devices={jax.devices()[0].platform} "
+        f"x{jax.device_count()}; canvas {C}, context {S} (decode reads the {S}-slot cache)")
+  print(f"{'pass':<7} {'variant':<36} {'ms':>7} {'tokens/s':>9} {'GFLOP':>6} {'XLA':>6} {'GFLOP/s':>8} "
+        f"{'/matmul':>8} {'x preset':>8} {'compile s':>9}")
+  first = {}
+  for (kind, label, n, flops, xf, comp, _), t in zip(fns, times):
+    first.setdefault(kind, t)
+    gf = flops / t / 1e9
+    print(f"{kind:<7} {label:<36} {t * 1e3:>7.1f} {n / t:>9,.0f} {flops / 1e9:>6.2f} {xf / 1e9:>6.2f} "
+          f"{gf:>8.1f} {gf / peak:>8.2f} {first[kind] / t:>8.2f} {comp:>9.1f}")
+  print(f"f32 2048^2 matmul in the same run: {peak:.1f} GFLOP/s (mean of before/after; {peak2:.1f} after)")
+  print("GFLOP = useful FLOPs (active experts only; encode counts the output logits it skips); XLA = FLOPs "
+        "of the compiled program; GFLOP/s = useful / time")
 
 
 if __name__ == "__main__":

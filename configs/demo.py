@@ -45,11 +45,11 @@ def get_config():
   config.opt.lr = 2e-3
   config.opt.warmup_steps = 50
   config.opt.weight_decay = 0.01
-  config.train.num_steps = 500
+  config.train.num_steps = 400
   config.train.log_every = 25
-  config.train.eval_every = 250
+  config.train.eval_every = 200
   config.train.eval_batches = 4
-  config.train.ckpt_every = 250
+  config.train.ckpt_every = 200
   config.sample.prompt = "ROMEO:"
   config.sample.num_samples = 4
   config.sample.max_new_tokens = 64

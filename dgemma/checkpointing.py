@@ -63,6 +63,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
       f.write(text)
       f.flush()
       os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
     os.replace(tmp, path)
   except BaseException:
     Path(tmp).unlink(missing_ok=True)

@@ -209,7 +209,7 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
                  canvas_tokens=n_local,
                  corrupted_fraction=jnp.sum(replaced_BC * canvas_w_BC) / n_canvas)
   if eval_metrics:
-    if loss_cfg.objective == "mdlm":
+    if loss_cfg.objective in ("mdlm", "nelbo"):
       nelbo_BC = loss_BC
     else:
       x0_BCV = objectives.x0_logits(loss_cfg.objective, logits_BCV, noisy_BC, alpha_BC)

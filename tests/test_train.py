@@ -177,38 +177,51 @@ def test_train_py_end_to_end(tiny_config, tmp_path):
 
 # ---- objectives wiring, router losses, memory knobs (tiny shapes: a few compiles) ----------------
 
-def _small(config):
-  """tiny_test at seq_len 32 / canvas 8 / batch 4 and a synthetic batch (no data pipeline)."""
+def _small(config, *, moe: bool = False):
+  """tiny_test at seq_len 32 / canvas 8 / batch 4, one decoder pass (self_cond_prob 0), MoE only if
+  asked (compile time), and a synthetic batch with two documents in a row and padding in another."""
   config.data.seq_len, config.diffusion.canvas_len, config.data.batch_size = 32, 8, 4
+  config.diffusion.self_cond_prob = 0.0
+  config.opt.warmup_steps = 0
+  if not moe:
+    config.model.num_experts = 0
   rng = np.random.default_rng(0)
   seg = np.ones((4, 32), np.int32)
-  seg[1, 20:] = 2  # a second document in row 1 ...
-  seg[3, 28:] = 0  # ... and padding at the end of row 3
+  seg[1, 20:] = 2
+  seg[3, 28:] = 0
   pos = np.where(seg == 2, np.arange(32) - 20, np.arange(32)).astype(np.int32) * (seg != 0)
   batch = {"tokens": (rng.integers(4, 260, (4, 32)) * (seg != 0)).astype(np.int32), "segment_ids": seg,
            "positions": pos}
   return config, {k: jnp.asarray(v) for k, v in batch.items()}
 
 
+def _quick_state(model_cfg, optimizer):
+  """A TrainState without compiling model.init: shapes by eval_shape, N(0, 0.05) matrices, unit scales."""
+  from dgemma.model.transformer import param_shapes
+  shapes = param_shapes(model_cfg)
+  leaves, treedef = jax.tree.flatten(shapes)
+  keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
+  params = treedef.unflatten([
+      jnp.ones(s.shape, s.dtype) if len(s.shape) <= 1 else (0.05 * jax.random.normal(k, s.shape)).astype(s.dtype)
+      for k, s in zip(keys, leaves)])
+  return trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+
+
 def test_router_losses_add_exactly_their_sown_values():
   from configs import tiny_test
-  config, batch = _small(tiny_test.get_config())
-  params = None
-  results = {}
+  config, batch = _small(tiny_test.get_config(), moe=True)
+  results, state = {}, None
   for weights in ((0.0, 0.0), (0.01, 0.001)):
     config.model.router_aux_loss_weight, config.model.router_z_loss_weight = weights
-    model_cfg = config_lib.validate(config)
-    loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
-    if params is None:
-      params = trainer.Transformer(model_cfg).init(jax.random.PRNGKey(0), *trainer.init_inputs(model_cfg, 32, 8))
-      params = trainer.nn.unbox(params)["params"]
+    model_cfg, _, optimizer, _, loss_cfg = _setup(config)
+    state = state or _quick_state(model_cfg, optimizer)
     fn = jax.jit(lambda p, b, r: diffusion.diffusion_loss(p, b, r, model_cfg=model_cfg, loss_cfg=loss_cfg))
-    results[weights] = jax.device_get(fn(params, batch, jax.random.PRNGKey(3)))
+    results[weights] = jax.device_get(fn(state.params, batch, jax.random.PRNGKey(3)))
   (loss0, m0), (loss1, m1) = results[(0.0, 0.0)], results[(0.01, 0.001)]
   assert "router_aux_loss" not in m0 and m1["router_aux_loss"] > 0 and m1["router_z_loss"] > 0
   np.testing.assert_allclose(loss1 - loss0, m1["router_aux_loss"] + m1["router_z_loss"], rtol=1e-4)
   np.testing.assert_allclose(m1["canvas_loss"], m0["canvas_loss"], rtol=1e-6)
-  # The metrics are the sum over the scored passes (encoder, second decoder pass) of what was sown.
+  # The metrics are the sums over the scored passes (encoder, scored decoder pass) of what was sown.
   sown = {"encode": {"router_aux_loss": (jnp.float32(0.5),), "router_z_loss": (jnp.float32(0.25),)},
           "decode": {"router_aux_loss": (jnp.float32(1.0),), "router_z_loss": (jnp.float32(2.0),)}}
   assert {k: float(v) for k, v in diffusion.router_losses(sown).items()} == {"router_aux_loss": 1.5,
@@ -218,9 +231,8 @@ def test_router_losses_add_exactly_their_sown_values():
 def test_grad_accumulation_matches_whole_batch():
   from configs import tiny_test
   config, batch = _small(tiny_test.get_config())
-  config.opt.warmup_steps = 0
-  model_cfg, mesh, optimizer, schedule, loss_cfg = _setup(config)
-  state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
+  model_cfg, _, optimizer, schedule, loss_cfg = _setup(config)
+  state = _quick_state(model_cfg, optimizer)
   out = {}
   for k in (1, 2):
     step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, schedule, grad_accum_steps=k))
@@ -228,21 +240,28 @@ def test_grad_accumulation_matches_whole_batch():
   (s1, m1), (s2, m2) = out[1], out[2]
   for key in ("loss", "canvas_loss", "encoder_loss", "grad_norm", "canvas_tokens", "corrupted_fraction"):
     np.testing.assert_allclose(m2[key], m1[key], rtol=1e-5, err_msg=key)
-  chex.assert_trees_all_close(s2.params, s1.params, atol=1e-6, rtol=1e-5)
-  chex.assert_trees_all_close(s2.opt_state, s1.opt_state, atol=1e-7, rtol=1e-4)
+  # Adam's first moment after one step is (1 - b1) * grad: the accumulated gradient matches to fp32
+  # round-off, measured against the global gradient norm (a scalar's gradient is a sum of many
+  # cancelling terms, so its own relative error can be ~1e-4).
+  mu1, mu2 = jax.tree.leaves(s1.opt_state[1][0].mu), jax.tree.leaves(s2.opt_state[1][0].mu)
+  scale = np.sqrt(sum(np.sum(np.square(g)) for g in mu1))
+  for g1, g2 in zip(mu1, mu2):
+    assert np.linalg.norm(g2 - g1) <= 1e-5 * scale
+  # The first Adam update is ~lr * g / (|g| + eps): round-off in a near-zero g moves a weight by << lr.
+  chex.assert_trees_all_close(s2.params, s1.params, atol=0.05 * config.opt.lr, rtol=0)
 
 
 def test_bf16_compute_and_bf16_adam_state_one_step():
   from configs import tiny_test
   config, batch = _small(tiny_test.get_config())
   config.model.dtype, config.model.param_dtype, config.opt.state_dtype = "bfloat16", "float32", "bfloat16"
-  model_cfg, mesh, optimizer, schedule, loss_cfg = _setup(config)
-  state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
+  model_cfg, _, optimizer, schedule, loss_cfg = _setup(config)
+  state = _quick_state(model_cfg, optimizer)
   step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, schedule))
-  new_state, metrics = step(state, batch, jax.random.PRNGKey(1))
-  assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
+  new_state, metrics = jax.device_get(step(state, batch, jax.random.PRNGKey(1)))
+  assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
   adam = new_state.opt_state[1][0]
   assert {x.dtype for x in jax.tree.leaves((adam.mu, adam.nu))} == {jnp.dtype(jnp.bfloat16)}
   assert {x.dtype for x in jax.tree.leaves(new_state.params)} == {jnp.dtype(jnp.float32)}  # fp32 master
-  assert any(np.any(np.asarray(a) != np.asarray(b)) for a, b in zip(jax.tree.leaves(new_state.params),
-                                                                    jax.tree.leaves(state.params)))
+  moved = [np.any(a != b) for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(state.params))]
+  assert np.mean(moved) > 0.9

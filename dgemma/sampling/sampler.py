@@ -386,7 +386,7 @@ def _ancestral_update(state: DenoiseState, cfg: SamplerConfig, noise: Any, canva
 def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, cfg: SamplerConfig, noise: Any,
                   canvas_idx, fixed_BC, fixed_mask_BC, callback_id) -> DenoiseState:
   s = state.step
-  batch, canvas_len = state.canvas_BC.shape
+  batch = state.canvas_BC.shape[0]
   done_B = state.done_B
 
   # 2. decoder forward; no self-conditioning signal at the first step (reference doc, step 8)
