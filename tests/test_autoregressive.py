@@ -6,7 +6,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from configs.models import tiny
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
@@ -17,14 +16,6 @@ CFG = dataclasses.replace(ModelConfig.from_config_dict(tiny.get_config()), slidi
 MODEL = Transformer(CFG)
 N = 10  # new tokens
 PROMPTS = [[2, 17, 301, 44, 9], [2, 88, 5, 120, 7, 401, 3, 61, 250]]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
 
 
 @functools.cache

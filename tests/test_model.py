@@ -27,13 +27,6 @@ SLIDING = dataclasses.replace(TINY, num_layers=1, layer_types=("sliding",), slid
 TWO = dataclasses.replace(TINY, num_layers=2, layer_types=("sliding", "sliding"))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-  # Tiny shapes: XLA's optimisation passes cost far more than they save here.
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
 
 
 @functools.cache

@@ -19,13 +19,6 @@ from dgemma.model.moe import MoE, Router, router_losses
 B, T = 2, 5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-  # Tiny shapes: XLA's optimisation passes cost far more than they save here.
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
 
 
 def _cfg(**kw):

@@ -20,15 +20,6 @@ from dgemma.sampling import (FixedNoise, JaxNoise, SamplerConfig, accept_confide
                              row_keys, shape_logits, temperature, trajectory_steps, uniform_posterior)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compile():
-  # Tiny models: XLA's optimisation passes cost far more compile time than they save.
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
-
-
 # ---- pure pieces ---------------------------------------------------------------------------------
 
 # One compilation per function (eager calls would compile every primitive separately).

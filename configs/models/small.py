@@ -1,4 +1,4 @@
-"""`small` preset (~20M parameters): the DiffusionGemma structure sized for CPU experiments.
+"""`small` preset (15.6M parameters, 8.5M active per token): the DiffusionGemma structure sized for CPU experiments.
 
   python -m dgemma.tools.params --config=configs/models/small.py
 """
