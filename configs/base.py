@@ -75,6 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.keep_checkpoints = 3
   config.train.async_checkpointing = True
   config.train.progress_bar = True
+  config.train.init_from = ""            # dgemma params checkpoint (python -m dgemma.convert --to ...) to start from
 
   # Sampling (sample.py and the in-training preview); dgemma.sampling.SamplerConfig.from_config.
   # Released DiffusionGemma sampler defaults (HF transformers 5.24); canvas = diffusion.canvas_len.

@@ -25,7 +25,7 @@ from absl import logging
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from dgemma import checkpointing
+from dgemma import checkpoint_io, checkpointing
 from dgemma import config as config_lib
 from dgemma import diffusion
 from dgemma.data import pipeline as data_pipeline
@@ -274,6 +274,43 @@ def evaluate(eval_step, params, data_iter: Iterator, num_batches: int, sharding,
   return {k: v / max(weights, 1.0) for k, v in totals.items()}
 
 
+# ModelConfig fields that may differ between a params checkpoint and the run that starts from it.
+_RUNTIME_FIELDS = ("dtype", "param_dtype", "moe_impl", "remat", "router_aux_loss_weight", "router_z_loss_weight")
+
+
+def check_init_from(config, model_cfg: ModelConfig) -> None:
+  """train.init_from names a dgemma params checkpoint whose architecture equals config.model."""
+  path = Path(config.train.init_from)
+  if not (path / checkpoint_io.MODEL_CONFIG).exists():
+    raise FileNotFoundError(f"train.init_from: {path} is not a dgemma params checkpoint (no "
+                            f"{checkpoint_io.MODEL_CONFIG}; make one with python -m dgemma.convert --from_hf DIR --to {path})")
+  saved = ModelConfig.from_config_dict(json.loads((path / checkpoint_io.MODEL_CONFIG).read_text())).to_dict()
+  ours = model_cfg.to_dict()
+  for field, value in saved.items():
+    if field not in _RUNTIME_FIELDS and ours[field] != value:
+      raise config_lib.ConfigError(f"model.{field}: {ours[field]!r} differs from the checkpoint in "
+                                   f"train.init_from ({value!r})")
+
+
+def state_from_params_checkpoint(path: str, model_cfg: ModelConfig, optimizer, abstract_state, shardings) -> TrainState:
+  """Step-0 state from converted / exported params (e.g. an imported Gemma 4 AR model, for AR ->
+  diffusion adaptation) and a fresh optimizer state; params cast to model.param_dtype."""
+  params_np, _ = checkpoint_io.load_params(path)
+  expected = abstract_state.params
+  got_paths = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(params_np)}
+  for p, leaf in jax.tree_util.tree_leaves_with_path(expected):
+    name = jax.tree_util.keystr(p)
+    if name not in got_paths:
+      raise ValueError(f"train.init_from: {path} has no tensor {name} (expected shape {leaf.shape})")
+    if tuple(got_paths[name].shape) != tuple(leaf.shape):
+      raise ValueError(f"train.init_from: {name} has shape {tuple(got_paths[name].shape)}, expected {leaf.shape}")
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, s: jax.device_put(np.asarray(got_paths[jax.tree_util.keystr(p)]).astype(s.dtype), s.sharding),
+      expected)
+  opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+
+
 def prepare_data(config):
   """Builds the dataset and tokenizer once (process 0 first on multi-host runs), then opens them."""
   if jax.process_count() > 1:
@@ -291,6 +328,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
   invocation, saving a checkpoint; the schedule still follows config.train.num_steps.
   """
   model_cfg = config_lib.validate(config)  # bad config -> one clear error, before any work
+  if config.train.init_from:
+    check_init_from(config, model_cfg)
   workdir_path = Path(workdir)
   workdir_path.mkdir(parents=True, exist_ok=True)
   mesh = make_mesh(config.mesh)
@@ -319,6 +358,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
     if data_state is not None:
       train_iter.set_state(data_state)
     logging.info("Resumed from step %d (%s)", latest, checkpointing.checkpoint_dir(workdir))
+  elif config.train.init_from:
+    state = state_from_params_checkpoint(config.train.init_from, model_cfg, optimizer, abstract_state,
+                                         state_shardings)
   else:
     state, _ = create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(config.seed))
 

@@ -265,3 +265,28 @@ def test_bf16_compute_and_bf16_adam_state_one_step():
   assert {x.dtype for x in jax.tree.leaves(new_state.params)} == {jnp.dtype(jnp.float32)}  # fp32 master
   moved = [np.any(a != b) for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(state.params))]
   assert np.mean(moved) > 0.9
+
+
+def test_init_from_params_checkpoint(tiny_config, tmp_path):
+  """train.init_from starts from converted params (AR -> diffusion adaptation) at step 0."""
+  from dgemma import checkpoint_io
+  config = tiny_config
+  model_cfg, mesh, optimizer, _, _ = _setup(config)
+  state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(42))
+  ckpt = tmp_path / "converted"
+  checkpoint_io.save_params(ckpt, jax.device_get(state.params), model_cfg.to_dict())
+  from configs import adapt_gemma4
+  adapt = adapt_gemma4.get_config(str(ckpt))  # the adaptation config takes its model from the checkpoint
+  arch = lambda cfg: {k: v for k, v in cfg.to_dict().items() if k not in trainer._RUNTIME_FIELDS}
+  assert arch(config_lib.validate(adapt)) == arch(model_cfg) and adapt.train.init_from == str(ckpt)
+  config.train.init_from = str(ckpt)
+  started = trainer.train_and_evaluate(config, str(tmp_path / "wd"), stop_after_steps=0)
+  assert int(started.step) == 0
+  chex.assert_trees_all_equal(jax.device_get(started.params), jax.device_get(state.params))
+
+  config.model.d_model = 32  # a different architecture is refused, naming the field
+  with pytest.raises(config_lib.ConfigError, match=r"model\.d_model"):
+    trainer.train_and_evaluate(config, str(tmp_path / "wd2"))
+  config.train.init_from = str(tmp_path / "missing")
+  with pytest.raises(FileNotFoundError, match="train.init_from"):
+    trainer.train_and_evaluate(config, str(tmp_path / "wd3"))

@@ -10,6 +10,7 @@ ancestral sampling) and block-autoregressive generation.
   cfg = SamplerConfig(show="live"); generate(..., step_callback=LivePrinter(tokenizer.decode))
 """
 
+from dgemma.sampling.autoregressive import ar_generate
 from dgemma.sampling.generation import (GenerateOutput, cache_size, check_request, cut_after_end, generate,
                                         infill_arrays, num_canvases, trajectory_steps)
 from dgemma.sampling.live import LivePrinter, StepView
@@ -19,6 +20,7 @@ from dgemma.sampling.sampler import (CONTEXT_LEN, DenoiseState, SamplerConfig, T
                                      entropy, shape_logits, temperature, uniform_posterior)
 
 __all__ = [
+    "ar_generate",
     "SamplerConfig", "generate", "GenerateOutput", "denoise_canvas", "DenoiseState", "Trajectory",
     "JaxNoise", "FixedNoise", "as_noise", "row_keys", "accept_entropy_bound", "accept_fixed_k",
     "accept_confidence", "temperature", "shape_logits", "entropy", "cut_after_end", "num_canvases",

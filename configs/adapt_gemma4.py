@@ -1,0 +1,45 @@
+"""Autoregressive -> diffusion adaptation: start from an imported Gemma 4 AR checkpoint and train
+with the diffusion objective, keeping the encoder's next-token loss so causal mode is not forgotten.
+
+  # 1. import the Hugging Face Gemma 4 text checkpoint (self-conditioning is freshly initialised):
+  python -m dgemma.convert --from_hf /path/to/gemma-4-hf --to /ckpts/gemma4_dgemma --dtype bfloat16
+  # 2. adapt on your text (the config argument after ':' is the converted checkpoint):
+  python train.py --config=configs/adapt_gemma4.py:/ckpts/gemma4_dgemma --workdir=workdirs/adapt \
+      --config.data.source=files --config.data.files="('corpus.jsonl',)" --config.opt.lr=5e-5
+
+The model group is read from the checkpoint's model_config.json, so it always matches; the
+tokenizer is the checkpoint's `tokenizer.model` when present (copy Gemma's there), else set
+--config.data.tokenizer.path.
+"""
+
+import json
+import os
+
+from configs import base
+
+
+def get_config(checkpoint: str = ""):
+  config = base.get_config()
+  if checkpoint:
+    with open(os.path.join(checkpoint, "model_config.json")) as f:
+      config.model.update(json.load(f))
+    config.model.preset = "imported"
+    config.train.init_from = checkpoint
+  config.data.tokenizer.kind = "file"
+  config.data.tokenizer.path = os.path.join(checkpoint, "tokenizer.model") if checkpoint else ""
+  config.data.seq_len = 1024
+  config.data.batch_size = 8
+  config.diffusion.canvas_len = 256
+  config.diffusion.objective = "base_ce"
+  config.diffusion.encoder_loss_weight = 1.0  # keep the causal (encoder) mode trained
+  config.model.remat = "full"
+  config.model.dtype = "bfloat16"
+  config.model.param_dtype = "float32"
+  config.opt.lr = 5e-5
+  config.opt.warmup_steps = 200
+  config.opt.b1, config.opt.b2 = 0.95, 0.99
+  config.opt.weight_decay = 1e-4
+  config.train.num_steps = 2000
+  config.train.eval_every = 500
+  config.train.ckpt_every = 500
+  return config
