@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs.models import tiny
+from tests.model_utils import random_params
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.sampling.autoregressive import ar_generate
 
@@ -18,22 +19,8 @@ N = 10  # new tokens
 PROMPTS = [[2, 17, 301, 44, 9], [2, 88, 5, 120, 7, 401, 3, 61, 250]]
 
 
-@functools.cache
 def _params():
-  """Random params (no init compile); scales != 1 and a spread router."""
-  g = np.random.default_rng(0)
-
-  def fill(path, s):
-    name = jax.tree_util.keystr(path)
-    if "scale" in name:
-      v = g.uniform(0.7, 1.3, s.shape)
-    elif "router" in name:
-      v = g.normal(0.0, 1.0, s.shape)
-    else:
-      v = g.normal(0.0, 0.15, s.shape)
-    return jnp.asarray(v, s.dtype)
-
-  return jax.tree_util.tree_map_with_path(fill, param_shapes(CFG))
+  return random_params(CFG)
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from configs.models import tiny
+from tests.model_utils import random_params
 from dgemma.model import ModelConfig, Transformer, count_params, init_cache, param_shapes
 
 B, T, C = 2, 8, 4
@@ -29,22 +30,7 @@ TWO = dataclasses.replace(TINY, num_layers=2, layer_types=("sliding", "sliding")
 
 
 
-@functools.cache
-def _params(cfg: ModelConfig, seed: int = 0):
-  """Random params from `param_shapes` (no init compile). Norm / router / layer scales != 1."""
-  g = np.random.default_rng(seed)
-
-  def fill(path, s):
-    name = jax.tree_util.keystr(path)
-    if "scale" in name:
-      v = g.uniform(0.7, 1.3, s.shape)
-    elif "router" in name:
-      v = g.normal(0.0, 1.0, s.shape)
-    else:
-      v = g.normal(0.0, 0.15, s.shape)
-    return jnp.asarray(v, s.dtype)
-
-  return jax.tree_util.tree_map_with_path(fill, param_shapes(cfg))
+_params = random_params
 
 
 def _batch(seed=0, ctx_seg=None, ctx_pos=None, can_seg=None, can_pos=None, V=TINY.vocab_size):
