@@ -143,7 +143,7 @@ def main(argv):
         f"float32; prompt {prompt.shape[1]} tokens; {K} canvas(es) x {S} steps = {steps} decoder passes, "
         f"{N} tokens; torch {torch.__version__} threads={torch.get_num_threads()}, jax {jax.__version__} "
         f"{jax.devices()[0].platform}")
-  print(f"dgemma compile + first run: " + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items())
+  print("dgemma compile + first run: " + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items())
         + f"; ar_generate {ar_compile:.1f} s (excluded below)")
   print(f"{'sampler':<22} {'s/run':>8} {'s/step':>8} {'tokens/s':>9} {'x HF':>6} {'best s/step':>12} "
         f"{'x HF':>6}   runs (s)")

@@ -29,7 +29,7 @@ from dgemma import checkpoint_io, checkpointing
 from dgemma import config as config_lib
 from dgemma import diffusion
 from dgemma.data import pipeline as data_pipeline
-from dgemma.model import ModelConfig, Transformer, init_cache
+from dgemma.model import ModelConfig, Transformer
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -292,7 +292,7 @@ def check_init_from(config, model_cfg: ModelConfig) -> None:
                                    f"train.init_from ({value!r})")
 
 
-def state_from_params_checkpoint(path: str, model_cfg: ModelConfig, optimizer, abstract_state, shardings) -> TrainState:
+def state_from_params_checkpoint(path: str, optimizer, abstract_state, shardings) -> TrainState:
   """Step-0 state from converted / exported params (e.g. an imported Gemma 4 AR model, for AR ->
   diffusion adaptation) and a fresh optimizer state; params cast to model.param_dtype."""
   params_np, _ = checkpoint_io.load_params(path)
@@ -359,8 +359,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
       train_iter.set_state(data_state)
     logging.info("Resumed from step %d (%s)", latest, checkpointing.checkpoint_dir(workdir))
   elif config.train.init_from:
-    state = state_from_params_checkpoint(config.train.init_from, model_cfg, optimizer, abstract_state,
-                                         state_shardings)
+    state = state_from_params_checkpoint(config.train.init_from, optimizer, abstract_state, state_shardings)
   else:
     state, _ = create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(config.seed))
 
