@@ -97,7 +97,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.sample.self_conditioning = True  # False = zero self-conditioning signal at every step
   # Ablations (defaults = released sampler).
   config.sample.sampler = "released"     # 'released' | 'ancestral' (uniform-state posterior q(z_s|z_t, x_theta)
-                                         # from t=1 to 0 over max_denoising_steps; no acceptance/early stop)
+                                         # from t=1 to 0 over max_denoising_steps; no acceptance/early stop;
+                                         # loo-trained models get their loo x0 logits) | 'masked' (MDLM reveal
+                                         # sampling from all-mask; the only sampler for objective='mdlm')
   config.sample.acceptance = "entropy_bound"  # 'entropy_bound' | 'confidence' | 'fixed_k'
   config.sample.accept_confidence = 0.9  # acceptance='confidence': top probability >= this
   config.sample.accept_k = 1             # acceptance='fixed_k': tokens accepted per step

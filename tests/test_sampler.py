@@ -6,6 +6,7 @@ parity with HF transformers 5.24 is in test_sampler_parity.py.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
@@ -17,7 +18,8 @@ import pytest
 from dgemma.model import ConfigError, ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.sampling import (FixedNoise, JaxNoise, SamplerConfig, accept_confidence, accept_entropy_bound,
                              accept_fixed_k, alpha, canvas_result, cut_after_end, denoise_canvas, entropy, generate,
-                             row_keys, shape_logits, temperature, trajectory_steps, uniform_posterior)
+                             masked_posterior, row_keys, shape_logits, temperature, trajectory_steps,
+                             uniform_posterior)
 
 
 # ---- pure pieces ---------------------------------------------------------------------------------
@@ -497,6 +499,122 @@ def test_ancestral_steps_draw_from_the_posterior():
   np.testing.assert_array_equal(canvas_result(st, cfg), st.canvas_BC)
   np.testing.assert_array_equal(st.canvas_BC, traj.argmax_SBC[-1])
   np.testing.assert_array_equal(st.canvas_BC[0], 5)   # the confident row lands on its token
+
+
+def _gumbel_noise(seed, steps, init_BC):
+  rs = np.random.RandomState(seed)
+  return FixedNoise(init_canvas_NBC=jnp.asarray(init_BC)[None],
+                    gumbel_NSBCV=jnp.asarray(rs.gumbel(size=(1, steps, B_SYN, C_SYN, V_SYN)), jnp.float32),
+                    renoise_NSBC=jnp.zeros((1, steps, B_SYN, C_SYN), jnp.int32))
+
+
+def _softmax64(proc):
+  x = np.exp(proc - proc.max(-1, keepdims=True))
+  return x / x.sum(-1, keepdims=True)
+
+
+def test_ancestral_loo_model_samples_from_the_shifted_x0():
+  """A loo-trained model's x0 prediction is softmax(f + delta(alpha_t) onehot(z_t)): the ancestral
+  sampler applies the shift at the step's alpha_t before the temperature (objectives.loo_logits)."""
+  S_A = 3
+  rs = np.random.RandomState(2)
+  noise = _gumbel_noise(3, S_A, rs.randint(0, V_SYN, (B_SYN, C_SYN)))
+  cfg = SamplerConfig(canvas_len=C_SYN, max_denoising_steps=S_A, end_ids=(1,), sampler="ancestral",
+                      loo_logits=True, greedy_last_step=False)
+  traj = jax.tree.map(np.asarray, _denoise_fixed(_synthetic_decode, cfg, noise, noise.init_canvas_NBC[0])).traj
+  for s in range(S_A):
+    z = traj.canvas_SBC[s]
+    a_t, a_s = s / S_A, (s + 1) / S_A          # alpha = 1 - t on the grid t = 1 - s / S
+    f = np.asarray(_synthetic_decode(jnp.asarray(z), None, None), np.float64)
+    delta = np.log1p(V_SYN * a_t / (1 - a_t))   # 0 at t = 1
+    shifted = f + delta * np.eye(V_SYN)[z]
+    x = _softmax64(shifted / (0.4 + 0.4 * (S_A - s) / S_A))
+    q = np.array([[_posterior_numpy(x[b, c], z[b, c], a_t, a_s) for c in range(C_SYN)] for b in range(B_SYN)])
+    with np.errstate(divide="ignore"):
+      want = np.argmax(np.log(q) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
+    np.testing.assert_array_equal(traj.sampled_SBC[s], want, err_msg=f"step {s}")
+  # the shift matters: without it the same noise gives a different trajectory
+  plain = dataclasses.replace(cfg, loo_logits=False)
+  traj_plain = jax.tree.map(np.asarray, _denoise_fixed(_synthetic_decode, plain, noise, noise.init_canvas_NBC[0])).traj
+  assert not np.array_equal(traj_plain.sampled_SBC, traj.sampled_SBC)
+
+
+_masked_post = jax.jit(masked_posterior, static_argnums=2)
+
+
+def test_masked_posterior_matches_mdlm_formula():
+  rs = np.random.RandomState(0)
+  mask = 4
+  x = rs.dirichlet(np.full(V_SYN, 0.5), size=(B_SYN, C_SYN))
+  x[..., mask] = 0.0
+  x /= x.sum(-1, keepdims=True)
+  z = np.where(rs.rand(B_SYN, C_SYN) < 0.5, mask, rs.randint(5, V_SYN, (B_SYN, C_SYN)))
+  for a_t, a_s in ((0.0, 0.25), (0.3, 0.7), (0.9, 1.0)):
+    got = np.asarray(_masked_post(jnp.asarray(x, jnp.float32), jnp.asarray(z), mask, a_t, a_s))
+    for b in range(B_SYN):
+      for c in range(C_SYN):
+        if z[b, c] == mask:  # MDLM: q = ((a_s - a_t) x + (1 - a_s) m) / (1 - a_t)
+          want = ((a_s - a_t) * x[b, c] + (1 - a_s) * np.eye(V_SYN)[mask]) / (1 - a_t)
+        else:
+          want = np.eye(V_SYN)[z[b, c]]
+        np.testing.assert_allclose(got[b, c], want, rtol=1e-5, atol=1e-7)
+
+
+def test_masked_sampler_reveals_and_never_changes_revealed_tokens():
+  """sampler='masked' (MDLM baseline): starts all-mask, each step is the Gumbel-max draw from the MDLM
+  posterior with the mask token excluded from x_theta, revealed tokens stay, nothing is masked at the end."""
+  S_A, mask = 4, 4
+  init = np.full((B_SYN, C_SYN), mask)
+  noise = _gumbel_noise(5, S_A, init)
+  cfg = SamplerConfig(canvas_len=C_SYN, max_denoising_steps=S_A, end_ids=(1,), sampler="masked", mask_id=mask,
+                      confidence_threshold=1e9)  # would stop at once if early stopping applied
+  # the decoder strongly prefers the mask token: the sampler must still never produce it
+  decode = lambda c, sc, m: _synthetic_decode(c, sc, m) + 50.0 * jax.nn.one_hot(mask, V_SYN)
+  st = jax.tree.map(np.asarray, _denoise_fixed(decode, cfg, noise, jnp.asarray(init)))
+  traj = st.traj
+  assert traj.active_SB.all() and (st.num_forwards_B == S_A).all()
+  np.testing.assert_array_equal(traj.canvas_SBC[0], mask)
+  for s in range(S_A):
+    z = traj.canvas_SBC[s]
+    f = np.asarray(decode(jnp.asarray(z), None, None), np.float64)
+    f[..., mask] = -np.inf
+    x = _softmax64(f / (0.4 + 0.4 * (S_A - s) / S_A))
+    a_t, a_s = s / S_A, (s + 1) / S_A
+    if s == S_A - 1:
+      want = np.where(z == mask, x.argmax(-1), z)
+    else:
+      reveal = (a_s - a_t) / (1 - a_t)
+      q = np.where((z == mask)[..., None], reveal * x + (1 - reveal) * np.eye(V_SYN)[mask], np.eye(V_SYN)[z])
+      with np.errstate(divide="ignore"):
+        want = np.argmax(np.log(q) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
+    np.testing.assert_array_equal(traj.sampled_SBC[s], want, err_msg=f"step {s}")
+    if s + 1 < S_A:
+      nxt = traj.canvas_SBC[s + 1]
+      np.testing.assert_array_equal(nxt[z != mask], z[z != mask])  # revealed tokens never change
+  assert (st.canvas_BC != mask).all()
+  np.testing.assert_array_equal(canvas_result(st, cfg), st.canvas_BC)
+  revealed_per_step = [(traj.canvas_SBC[s] != mask).sum() for s in range(S_A)] + [(st.canvas_BC != mask).sum()]
+  assert revealed_per_step == sorted(revealed_per_step) and revealed_per_step[0] == 0
+
+
+def test_sampler_must_fit_the_training_objective():
+  from configs import tiny_test
+  config = tiny_test.get_config()
+  config.diffusion.objective = "mdlm"
+  with pytest.raises(ConfigError, match="sample.sampler='released' does not fit diffusion.objective='mdlm'"):
+    SamplerConfig.from_config(config)
+  config.sample.sampler = "masked"
+  cfg = SamplerConfig.from_config(config)
+  assert cfg.mask_id == config.diffusion.mask_id and not cfg.loo_logits
+  config.diffusion.objective = "base_ce"
+  with pytest.raises(ConfigError, match="'masked' does not fit diffusion.objective='base_ce'"):
+    SamplerConfig.from_config(config)
+  config.sample.sampler = "ancestral"
+  config.diffusion.objective = "reweighted_loo_ce"
+  assert SamplerConfig.from_config(config).loo_logits
+  config.diffusion.objective = "ar"
+  with pytest.raises(ConfigError, match="ar_generate"):
+    SamplerConfig.from_config(config)
 
 
 def test_ancestral_generate_with_live_view(tiny):

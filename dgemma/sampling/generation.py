@@ -32,7 +32,7 @@ from dgemma.model import init_cache
 from dgemma.model.config import ConfigError
 from dgemma.sampling import live
 from dgemma.sampling.noise import as_noise
-from dgemma.sampling.sampler import SamplerConfig, Trajectory, canvas_result, denoise_canvas
+from dgemma.sampling.sampler import SamplerConfig, Trajectory, canvas_result, denoise_canvas, initial_canvas
 
 
 @struct.dataclass
@@ -180,7 +180,7 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
 
     fixed_BC = jax.lax.dynamic_slice_in_dim(fixed_BM, k * C, C, axis=1)
     fixed_mask_BC = jax.lax.dynamic_slice_in_dim(fixed_mask_BM, k * C, C, axis=1)
-    den = denoise_canvas(decode_fn, cfg, noise, noise.init_canvas(k, C, vocab), vocab, canvas_idx=k,
+    den = denoise_canvas(decode_fn, cfg, noise, initial_canvas(cfg, noise, k, C, vocab), vocab, canvas_idx=k,
                          done_B=st.ended_B, fixed_BC=fixed_BC, fixed_mask_BC=fixed_mask_BC, record=record,
                          sc_dtype=jnp.dtype(mcfg.param_dtype), callback_id=callback_id)
 

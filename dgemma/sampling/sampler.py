@@ -21,7 +21,18 @@ sampler='ancestral' (reference doc, "Uniform-state diffusion likelihood", poster
 t_s = 1 - s / S runs from 1 to 0; step s draws z_{t_{s+1}} ~ q(. | z_{t_s}, x_theta) with
 x_theta = softmax(proc) (same temperature schedule, shaping and self-conditioning as released) and,
 with `greedy_last_step`, the last step takes argmax(x_theta). No acceptance, no early stopping (the
-sample is only complete at t = 0); the canvas result is the final canvas z_0.
+sample is only complete at t = 0); the canvas result is the final canvas z_0. For a model trained with
+a leave-one-out objective (`loo_logits`), x_theta = softmax(f + delta(alpha_t) onehot(z_t)), the x0
+prediction that objective trains (dgemma.objectives.loo_logits), before the temperature.
+
+sampler='masked': ancestral sampling of the masked-diffusion baseline (diffusion.objective='mdlm';
+MDLM, Sahoo et al. 2024). The canvas starts as all `mask_id`; on the same time grid a masked position
+is revealed with probability (alpha_s - alpha_t) / (1 - alpha_t), drawing its token from x_theta (the
+mask token excluded), and a revealed token is never changed again (SUBS parameterisation). At
+t = 0 (alpha = 1) every position is revealed; the canvas result is z_0.
+
+The released sampler uses the network logits as they are for every objective: its canvas mixes
+accepted samples and fresh noise, so no diffusion time (and no loo shift) is defined for it.
 
 Two loop forms with identical results: `lax.scan` over all steps (finished rows frozen) and
 `lax.while_loop` that exits as soon as every row has finished (`early_exit`).
@@ -36,6 +47,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from dgemma import objectives
 from dgemma.model.config import ConfigError
 from dgemma.sampling import live
 
@@ -44,7 +56,7 @@ EOS_ID = 1
 END_OF_TURN_ID = 106  # `<turn|>` in the Gemma 4 vocabulary only
 CONTEXT_LEN = 262_144  # DiffusionGemma's context in positions (reference doc, architecture table)
 
-SAMPLERS = ("released", "ancestral")
+SAMPLERS = ("released", "ancestral", "masked")
 ACCEPTANCE_RULES = ("entropy_bound", "confidence", "fixed_k")
 RENOISE_POLICIES = ("non_accepted", "none", "low_confidence")
 ALPHA_SCHEDULES = ("linear", "loglinear")
@@ -79,7 +91,10 @@ class SamplerConfig:
       it is re-noised and its position is open again; open non-accepted positions get fresh tokens).
     top_k / top_p: logit shaping after the temperature (0 / 1.0 = off); the shaped logits are used
       for sampling, entropy, argmax, stopping and self-conditioning alike.
-    alpha_schedule / schedule_eps / greedy_last_step: sampler='ancestral' only (see `alpha`).
+    alpha_schedule / schedule_eps / greedy_last_step: samplers 'ancestral' and 'masked' (see `alpha`).
+    mask_id: sampler='masked': the mask token (diffusion.mask_id of the mdlm training run).
+    loo_logits: the model was trained with a leave-one-out objective (set from diffusion.objective);
+      sampler='ancestral' then adds the loo shift to the logits (module docstring).
   Limits and display:
     max_context: positions the model may use: prompt + every canvas must fit (`check_request`).
     show: 'none' | 'live' (a host callback per denoising step, `dgemma.sampling.live`).
@@ -107,6 +122,8 @@ class SamplerConfig:
   alpha_schedule: str = "linear"
   schedule_eps: float = 1e-3
   greedy_last_step: bool = True
+  mask_id: int = 4
+  loo_logits: bool = False
   max_context: int = CONTEXT_LEN
   show: str = "none"
 
@@ -148,6 +165,7 @@ class SamplerConfig:
     need(0.0 < self.top_p <= 1.0, f"sample.top_p must be in (0, 1] (1 = off), got {self.top_p}")
     one_of("alpha_schedule", ALPHA_SCHEDULES)
     need(0.0 < self.schedule_eps < 1.0, f"sample.schedule_eps must be in (0, 1), got {self.schedule_eps}")
+    need(self.mask_id >= 0, f"diffusion.mask_id must be a token id >= 0, got {self.mask_id}")
     need(self.max_context > self.canvas_len,
          f"sample.max_context must exceed diffusion.canvas_len={self.canvas_len}, got {self.max_context}")
     one_of("show", SHOW_MODES)
@@ -160,15 +178,28 @@ class SamplerConfig:
     (the Gemma 4 vocabulary) -- with the byte tokenizer id 106 is the letter 'f', and a
     SentencePiece model trained here has only 4 special pieces. Ids outside the vocabulary are
     dropped. `sample.max_context = 0` means DiffusionGemma's 262,144 positions.
+
+    The sampler must match the training objective (`diffusion.objective`): 'mdlm' models are sampled
+    with sample.sampler='masked' only, and 'masked' needs an 'mdlm' model; 'ar' models have no
+    canvas sampler (dgemma.sampling.ar_generate). loo objectives set `loo_logits`.
     """
     s = config.sample
+    objective = str(config.diffusion.get("objective", "base_ce")) if "diffusion" in config else "base_ce"
+    sampler = str(s.get("sampler", "released"))
+    if objective == "ar":
+      raise ConfigError("diffusion.objective='ar' trains an autoregressive model: sample it with "
+                        "dgemma.sampling.ar_generate, not the canvas sampler")
+    if (objective == "mdlm") != (sampler == "masked"):
+      raise ConfigError(f"sample.sampler={sampler!r} does not fit diffusion.objective={objective!r}: "
+                        "masked-diffusion (mdlm) models need sample.sampler='masked', and only they")
     vocab = int(config.model.vocab_size)
     end_ids = tuple(int(i) for i in s.end_ids)
     if not end_ids:
       kind = config.data.tokenizer.kind if "data" in config else "file"
       end_ids = (EOS_ID, END_OF_TURN_ID) if kind == "file" else (EOS_ID,)
     end_ids = tuple(i for i in end_ids if i < vocab)
-    fields = {f.name for f in dataclasses.fields(cls)} - {"canvas_len", "end_ids", "pad_id"}
+    fields = {f.name for f in dataclasses.fields(cls)} - {"canvas_len", "end_ids", "pad_id", "mask_id",
+                                                            "loo_logits"}
     kwargs = {name: s[name] for name in fields if name in s}
     for name in ("max_denoising_steps", "stability_threshold", "accept_k", "top_k", "max_context"):
       if name in kwargs:
@@ -179,7 +210,9 @@ class SamplerConfig:
         kwargs[name] = float(kwargs[name])
     if kwargs.get("max_context") == 0:
       kwargs["max_context"] = CONTEXT_LEN
-    return cls(canvas_len=int(config.diffusion.canvas_len), end_ids=end_ids, **kwargs)
+    mask_id = int(config.diffusion.get("mask_id", 4)) if "diffusion" in config else 4
+    return cls(canvas_len=int(config.diffusion.canvas_len), end_ids=end_ids, mask_id=mask_id,
+               loo_logits=objective in ("loo_ce", "reweighted_loo_ce"), **kwargs)
 
 
 # ---- pieces of one step ------------------------------------------------------------------------
@@ -329,8 +362,16 @@ DecodeFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 def canvas_result(state: DenoiseState, cfg: SamplerConfig) -> jax.Array:
-  """The canvas a denoising run produced: the argmax canvas (released) or z_0 (ancestral)."""
-  return state.canvas_BC if cfg.sampler == "ancestral" else state.argmax_BC
+  """The canvas a denoising run produced: the argmax canvas (released) or z_0 (ancestral, masked)."""
+  return state.argmax_BC if cfg.sampler == "released" else state.canvas_BC
+
+
+def initial_canvas(cfg: SamplerConfig, noise: Any, canvas_idx, canvas_len: int, vocab_size: int) -> jax.Array:
+  """Step 1: uniform random tokens, or all mask tokens for sampler='masked'."""
+  if cfg.sampler == "masked":
+    batch = noise.init_canvas(canvas_idx, canvas_len, vocab_size).shape[0]
+    return jnp.full((batch, canvas_len), cfg.mask_id, jnp.int32)
+  return noise.init_canvas(canvas_idx, canvas_len, vocab_size)
 
 
 def _released_update(state: DenoiseState, cfg: SamplerConfig, noise: Any, canvas_idx, s, ent_BC, logp_BCV,
@@ -368,12 +409,17 @@ def _released_update(state: DenoiseState, cfg: SamplerConfig, noise: Any, canvas
   return canvas_BC, held_BC, accepted_BC, shown_BC
 
 
+def _step_alphas(cfg: SamplerConfig, s) -> tuple[jax.Array, jax.Array]:
+  """(alpha_t, alpha_s) of step s on the ancestral time grid t = 1 - s/S -> s' = 1 - (s+1)/S."""
+  n = jnp.float32(cfg.max_denoising_steps)
+  step_f = jnp.asarray(s, jnp.float32)
+  return alpha(cfg, 1.0 - step_f / n), alpha(cfg, 1.0 - (step_f + 1.0) / n)
+
+
 def _ancestral_update(state: DenoiseState, cfg: SamplerConfig, noise: Any, canvas_idx, s, logp_BCV, argmax_BC,
                       fixed_BC, fixed_mask_BC):
   """One posterior draw z_s ~ q(z_s | z_t, x_theta) from t = 1 - s/S to s = 1 - (s+1)/S."""
-  n = jnp.float32(cfg.max_denoising_steps)
-  step_f = jnp.asarray(s, jnp.float32)
-  alpha_t, alpha_s = alpha(cfg, 1.0 - step_f / n), alpha(cfg, 1.0 - (step_f + 1.0) / n)
+  alpha_t, alpha_s = _step_alphas(cfg, s)
   q_BCV = uniform_posterior(jnp.exp(logp_BCV), state.canvas_BC, alpha_t, alpha_s)
   z_BC = noise.sample(canvas_idx, s, jnp.log(q_BCV))
   if cfg.greedy_last_step:
@@ -381,6 +427,34 @@ def _ancestral_update(state: DenoiseState, cfg: SamplerConfig, noise: Any, canva
   if fixed_mask_BC is not None:
     z_BC = jnp.where(fixed_mask_BC, fixed_BC, z_BC)
   return z_BC, state.held_BC, z_BC == argmax_BC, z_BC
+
+
+def masked_posterior(x_BCV: jax.Array, z_BC: jax.Array, mask_id: int, alpha_t, alpha_s) -> jax.Array:
+  """MDLM posterior q(z_s | z_t, x) [B, C, V] (fp32), s < t: a masked z_t is revealed as x with
+  probability (alpha_s - alpha_t) / (1 - alpha_t) and stays masked otherwise; a revealed z_t is kept.
+  x: a distribution with no mass on mask_id."""
+  x_BCV = x_BCV.astype(jnp.float32)
+  a_t, a_s = jnp.asarray(alpha_t, jnp.float32), jnp.asarray(alpha_s, jnp.float32)
+  reveal = (a_s - a_t) / jnp.maximum(1.0 - a_t, jnp.finfo(jnp.float32).tiny)
+  iota_V = jnp.arange(x_BCV.shape[-1], dtype=jnp.int32)
+  is_mask_V = (iota_V == mask_id).astype(jnp.float32)
+  from_mask_BCV = reveal * x_BCV + (1.0 - reveal) * is_mask_V
+  keep_BCV = (iota_V == z_BC[..., None].astype(jnp.int32)).astype(jnp.float32)
+  return jnp.where((z_BC == mask_id)[..., None], from_mask_BCV, keep_BCV)
+
+
+def _masked_update(state: DenoiseState, cfg: SamplerConfig, noise: Any, canvas_idx, s, logp_BCV, argmax_BC,
+                   fixed_BC, fixed_mask_BC):
+  """One MDLM reveal step (module docstring); logp_BCV already excludes the mask token."""
+  alpha_t, alpha_s = _step_alphas(cfg, s)
+  q_BCV = masked_posterior(jnp.exp(logp_BCV), state.canvas_BC, cfg.mask_id, alpha_t, alpha_s)
+  z_BC = noise.sample(canvas_idx, s, jnp.log(q_BCV))
+  if cfg.greedy_last_step:  # the last step reveals every masked position with its argmax
+    last_BC = (s == cfg.max_denoising_steps - 1) & (state.canvas_BC == cfg.mask_id)
+    z_BC = jnp.where(last_BC, argmax_BC, z_BC)
+  if fixed_mask_BC is not None:
+    z_BC = jnp.where(fixed_mask_BC, fixed_BC, z_BC)
+  return z_BC, state.held_BC, z_BC != cfg.mask_id, z_BC
 
 
 def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, cfg: SamplerConfig, noise: Any,
@@ -393,13 +467,19 @@ def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, cfg: SamplerConfi
   sc_mask_B = jnp.broadcast_to((s > 0) & cfg.self_conditioning, (batch,))
   logits_BCV = decode_fn(state.canvas_BC, state.sc_logits_BCV, sc_mask_B).astype(jnp.float32)
   # 3. temperature (+ optional shaping): HF's processed logits
+  if cfg.sampler == "ancestral" and cfg.loo_logits:  # the x0 logits a loo objective trains
+    alpha_t = jnp.broadcast_to(_step_alphas(cfg, s)[0], state.canvas_BC.shape)
+    logits_BCV = objectives.loo_logits(logits_BCV, state.canvas_BC, alpha_t)
+  if cfg.sampler == "masked":  # SUBS: the mask token is never predicted
+    logits_BCV = jnp.where(jnp.arange(logits_BCV.shape[-1]) == cfg.mask_id, -jnp.inf, logits_BCV)
   proc_BCV = shape_logits(logits_BCV / temperature(cfg, s), cfg)
   argmax_BC = jnp.argmax(proc_BCV, axis=-1).astype(jnp.int32)
-  if cfg.sampler == "ancestral":
+  if cfg.sampler in ("ancestral", "masked"):
     ent_BC, logp_BCV = entropy(proc_BCV)
     if fixed_mask_BC is not None:
       argmax_BC = jnp.where(fixed_mask_BC, fixed_BC, argmax_BC)
-    canvas_BC, held_BC, accepted_BC, shown_BC = _ancestral_update(
+    update = _ancestral_update if cfg.sampler == "ancestral" else _masked_update
+    canvas_BC, held_BC, accepted_BC, shown_BC = update(
         state, cfg, noise, canvas_idx, s, logp_BCV, argmax_BC, fixed_BC, fixed_mask_BC)
     sampled_BC = canvas_BC
   else:
@@ -423,7 +503,7 @@ def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, cfg: SamplerConfi
   #    stable: the argmax canvas equals the previous `stability_threshold` ones; confident: mean H
   same_B = jnp.all(argmax_BC == state.argmax_BC, axis=-1)
   stable_B = jnp.where(same_B, state.stable_B + 1, 0)
-  if cfg.sampler == "ancestral":  # the sample is complete only at t = 0: no early stopping
+  if cfg.sampler != "released":  # the sample is complete only at t = 0: no early stopping
     new_done_B = done_B
   else:
     confident_B = jnp.mean(ent_BC, axis=-1) < cfg.confidence_threshold
@@ -431,7 +511,7 @@ def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, cfg: SamplerConfi
 
   active_B = ~done_B
   if cfg.show == "live":  # host view of the step (dgemma.sampling.live), in execution order
-    view_result_BC = canvas_BC if cfg.sampler == "ancestral" else argmax_BC
+    view_result_BC = argmax_BC if cfg.sampler == "released" else canvas_BC
     jax.debug.callback(live.emit, callback_id, canvas_idx, s, shown_BC, accepted_BC, view_result_BC, active_B,
                        ordered=True)
 
