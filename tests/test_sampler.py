@@ -18,6 +18,7 @@ import pytest
 from dgemma.model import ConfigError, ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.sampling import (FixedNoise, JaxNoise, SamplerConfig, accept_confidence, accept_entropy_bound,
                              accept_fixed_k, alpha, canvas_result, cut_after_end, denoise_canvas, entropy, generate,
+                             initial_canvas,
                              masked_posterior, row_keys, shape_logits, temperature, trajectory_steps,
                              uniform_posterior)
 
@@ -595,6 +596,12 @@ def test_masked_sampler_reveals_and_never_changes_revealed_tokens():
   np.testing.assert_array_equal(canvas_result(st, cfg), st.canvas_BC)
   revealed_per_step = [(traj.canvas_SBC[s] != mask).sum() for s in range(S_A)] + [(st.canvas_BC != mask).sum()]
   assert revealed_per_step == sorted(revealed_per_step) and revealed_per_step[0] == 0
+  # generate starts every canvas of a masked run from all-mask (uniform tokens otherwise)
+  jnoise = JaxNoise(row_keys(jax.random.key(0), B_SYN))
+  np.testing.assert_array_equal(initial_canvas(cfg, jnoise, 1, C_SYN, V_SYN), np.full((B_SYN, C_SYN), mask))
+  uniform = np.asarray(initial_canvas(dataclasses.replace(cfg, sampler="released"), jnoise, 1, C_SYN, V_SYN))
+  np.testing.assert_array_equal(uniform, jnoise.init_canvas(1, C_SYN, V_SYN))
+  assert len(np.unique(uniform)) > 2
 
 
 def test_sampler_must_fit_the_training_objective():
