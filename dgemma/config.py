@@ -65,6 +65,8 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   need(K == 1 or diff.objective != "ar", "diffusion.canvases_per_row",
        f"objective 'ar' has no canvases; use 1, got {K}")
   need(data.format in ("text", "sft"), "data.format", f"{data.format!r} not in ('text', 'sft')")
+  need(data.format != "sft" or data.source == "files", "data.format",
+       f"'sft' reads .jsonl records from data.files; set data.source='files' (got {data.source!r})")
   need(K == 1 or data.format != "sft", "diffusion.canvases_per_row",
        f"data.format='sft' rows hold one response canvas; use 1, got {K}")
   need(data.sft_overflow in ("truncate_left", "error"), "data.sft_overflow",

@@ -6,6 +6,7 @@ and are never attended), so every reference call shares one compiled program.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,8 @@ CFG = dataclasses.replace(ModelConfig.from_config_dict(tiny.get_config()), vocab
 
 def _batch():
   """Row 0: one document. Row 1: a document ends inside canvas 0 (position 20), the next one runs to
-  37, then padding in the last canvas."""
+  37, then padding in the last canvas. loss_mask drops row 0's first 10 tokens (encoder targets) and
+  2 tokens of its canvas 1."""
   g = np.random.default_rng(0)
   seg = np.ones((B, L), np.int32)
   seg[1, 20:] = 2
@@ -35,7 +37,11 @@ def _batch():
   pos[1, 20:] -= 20
   pos = pos * (seg != 0)
   tokens = g.integers(5, CFG.vocab_size, (B, L)) * (seg != 0)
-  return {"tokens": tokens.astype(np.int32), "segment_ids": seg, "positions": pos.astype(np.int32)}
+  loss_mask = (seg != 0).astype(np.int32)
+  loss_mask[0, :10] = 0
+  loss_mask[0, P + C + 3:P + C + 5] = 0
+  return {"tokens": tokens.astype(np.int32), "segment_ids": seg, "positions": pos.astype(np.int32),
+          "loss_mask": loss_mask}
 
 
 def _cut_rows(batch):
@@ -53,6 +59,14 @@ def _loss_cfg(k, self_cond_prob=0.5):
   return diffusion.DiffusionLossConfig(canvas_len=C, self_cond_prob=self_cond_prob, canvases_per_row=k)
 
 
+@functools.cache
+def jitted_loss(k: int):
+  """diffusion_loss of CFG with K = k canvases per row, (params, batch, rng, example_ids_B, totals);
+  one compiled program per batch shape, shared with tests/test_sft.py."""
+  return jax.jit(lambda p, b, r, ids, t: diffusion.diffusion_loss(p, b, r, model_cfg=CFG, loss_cfg=_loss_cfg(k),
+                                                                   example_ids_B=ids, totals=t))
+
+
 def test_one_forward_equals_a_loop_over_canvases():
   params = random_params(CFG)
   batch = _batch()
@@ -62,13 +76,11 @@ def test_one_forward_equals_a_loop_over_canvases():
   totals = diffusion.batch_totals(batch, many)
   # Same scored tokens: the K canvases of each row are the last canvases of the cut rows.
   ref_totals = diffusion.batch_totals(cut, _loss_cfg(1))
-  assert float(totals["canvas_tokens"]) == float(ref_totals["canvas_tokens"]) == K * C * B - 3
-  loss_fn = lambda cfg, ids: jax.jit(lambda p, b, r, t: diffusion.diffusion_loss(
-      p, b, r, model_cfg=CFG, loss_cfg=cfg, example_ids_B=ids, totals=t))
-  _, m_many = loss_fn(many, None)(params, batch, rng, totals)
+  assert float(totals["canvas_tokens"]) == float(ref_totals["canvas_tokens"]) == K * C * B - 3 - 2
+  _, m_many = jitted_loss(K)(params, batch, rng, jnp.arange(B, dtype=jnp.int32), totals)
   # Canvas k of row b draws its noise as example b * K + k: the cut row b * K + k.
   ref_totals = dict(totals, examples=jnp.float32(B * K))
-  _, m_loop = loss_fn(_loss_cfg(1), jnp.arange(B * K, dtype=jnp.int32))(params, cut, rng, ref_totals)
+  _, m_loop = jitted_loss(1)(params, cut, rng, jnp.arange(B * K, dtype=jnp.int32), ref_totals)
   for key in ("canvas_loss", "canvas_ce", "corrupted_fraction", "canvas_tokens"):
     np.testing.assert_allclose(m_many[key], m_loop[key], rtol=1e-4, err_msg=key)  # fp32 round-off
   assert float(m_many["corrupted_fraction"]) > 0.1
@@ -123,3 +135,12 @@ def test_per_canvas_logits_and_no_leak_between_canvases():
   sc3 = sc_logits.at[1, 0].multiply(-1.0)
   many3, _ = fn(params, batch, _cut_rows(batch), noisy, sc3, sc_mask)
   np.testing.assert_array_equal(np.asarray(many3), many)
+  # A canvas depends on the clean earlier canvases (through the cache), never on its own clean tokens:
+  # changing the clean tokens of canvas 0 changes canvases 1 and 2 only.
+  clean2 = dict(batch, tokens=batch["tokens"].copy())
+  clean2["tokens"][:, P:P + C] = (clean2["tokens"][:, P:P + C] + 5) % CFG.vocab_size
+  many4, loop4 = fn(params, clean2, _cut_rows(clean2), noisy, sc_logits, sc_mask)
+  many4 = np.asarray(many4)
+  np.testing.assert_array_equal(many4[:, 0], many[:, 0])
+  assert np.abs(many4[:, 1:] - many[:, 1:]).max() > 1e-2
+  np.testing.assert_allclose(many4[valid], np.asarray(loop4)[valid], atol=2e-4, rtol=1e-4)
