@@ -75,15 +75,19 @@ def decoder_masks(cfg: ModelConfig, positions_BC, segment_ids_BC, positions_BS, 
   S, C = positions_BS.shape[1], positions_BC.shape[1]
   if C % num_canvases:
     raise ValueError(f"decoder_masks: {C} canvas tokens do not split into {num_canvases} canvases")
-  block_C = jnp.arange(C, dtype=jnp.int32) // (C // num_canvases)
-  # Canvas k reads cache slots before its own start: length - (K - 1 - k) * (C // K).
-  limit_C = length - (num_canvases - 1 - block_C) * (C // num_canvases)
-  written_CS = jnp.arange(S, dtype=jnp.int32)[None, :] < limit_C[:, None]
+  same_CC = segment_ids_BC[:, :, None] == segment_ids_BC[:, None, :]
+  canvas_BCC = _same_segment(segment_ids_BC, segment_ids_BC)
+  if num_canvases == 1:
+    written_CS = (jnp.arange(S, dtype=jnp.int32) < length)[None, :]
+  else:
+    block_C = jnp.arange(C, dtype=jnp.int32) // (C // num_canvases)
+    # Canvas k reads cache slots before its own start: length - (K - 1 - k) * (C // K).
+    limit_C = length - (num_canvases - 1 - block_C) * (C // num_canvases)
+    written_CS = jnp.arange(S, dtype=jnp.int32)[None, :] < limit_C[:, None]
+    same_block_CC = (block_C[:, None] == block_C[None, :])[None]
+    same_CC, canvas_BCC = same_CC & same_block_CC, canvas_BCC & same_block_CC
   cache_BCS = _same_segment(segment_ids_BC, segment_ids_BS) & written_CS[None]
-  same_block_CC = block_C[:, None] == block_C[None, :]
-  canvas_BCC = _same_segment(segment_ids_BC, segment_ids_BC) & same_block_CC[None]
-  # First position of each query's segment in its canvas (the HF sliding cache is cut relative to it).
-  same_CC = (segment_ids_BC[:, :, None] == segment_ids_BC[:, None, :]) & same_block_CC[None]
+  # First canvas position of each query's segment (in its canvas; the HF sliding cache is cut relative to it).
   big = jnp.iinfo(jnp.int32).max
   anchor_BC = jnp.min(jnp.where(same_CC, positions_BC[:, None, :], big), axis=-1)
   window_BCS = (anchor_BC[:, :, None] - positions_BS[:, None, :]) < cfg.sliding_window
