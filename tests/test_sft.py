@@ -91,6 +91,9 @@ def test_jsonl_records_and_errors(tmp_path):
   records = [json.loads(r) for r in sft.iter_jsonl_examples(path, "q", "a", "chat")]
   assert records == [{"turns": [["user", "2+2?"]], "response": "4"},
                      {"turns": [["user", "hi"]], "response": "hello"}]
+  # sample.py renders a prompt (dgemma/sample_lib.py) exactly as training renders a prompt/response pair.
+  byte = tokenizers.ByteTokenizer()
+  assert sft.render(byte, json.dumps(records[0]))[0] == sft.prompt_ids(byte, "2+2?")
   with pytest.raises(ValueError, match=r"line 1: needs fields 'prompt' and 'response' \(data.prompt_field"):
     list(sft.iter_jsonl_examples(path, "prompt", "response", "messages"))
   path.write_text(json.dumps({"chat": [{"role": "user", "content": "hi"}, {"role": "user", "content": "x"}]}) + "\n")
