@@ -52,6 +52,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.diffusion.mask_id = 4           # objective='mdlm': the mask token (Gemma MASK = 4); must be unused
   config.diffusion.antithetic_t = False  # t_b = eps + (1-eps) frac(u + b/B): low-variance t (NELBO eval)
 
+  # SFT data and block-causal multi-canvas training (dgemma/data/sft.py; dgemma/diffusion.py docstring).
+  config.data.format = "text"            # 'text' (packed documents) | 'sft' (.jsonl prompt/response or chat)
+  config.data.prompt_field = "prompt"    # format='sft': .jsonl field of the prompt ...
+  config.data.response_field = "response"  # ... and of the response
+  config.data.messages_field = "messages"  # ... or a chat: [{role, content}, ...], the last turn the response
+  config.data.sft_overflow = "truncate_left"  # prompt + earlier canvases > seq_len - canvas_len: drop the
+                                         # oldest context tokens ('truncate_left') or raise ('error')
+  config.diffusion.canvases_per_row = 1  # K: the row's last K * canvas_len tokens are K canvases denoised in
+                                         # one block-causal decoder pass (1 = a single canvas)
+
   # Optimiser: AdamW, linear warmup then cosine decay, global-norm clipping.
   config.opt = ml_collections.ConfigDict()
   config.opt.lr = 3e-4

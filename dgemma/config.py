@@ -58,6 +58,19 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
        f"{diff.objective!r} not in {objectives.OBJECTIVES}")
   need(diff.schedule in objectives.SCHEDULES, "diffusion.schedule",
        f"{diff.schedule!r} not in {objectives.SCHEDULES}")
+  K = diff.canvases_per_row
+  need(isinstance(K, int) and K >= 1, "diffusion.canvases_per_row", f"must be an integer >= 1, got {K!r}")
+  need(K * diff.canvas_len <= data.seq_len, "diffusion.canvases_per_row",
+       f"{K} canvases of diffusion.canvas_len={diff.canvas_len} do not fit in data.seq_len={data.seq_len}")
+  need(K == 1 or diff.objective != "ar", "diffusion.canvases_per_row",
+       f"objective 'ar' has no canvases; use 1, got {K}")
+  need(data.format in ("text", "sft"), "data.format", f"{data.format!r} not in ('text', 'sft')")
+  need(data.format != "sft" or data.source == "files", "data.format",
+       f"'sft' reads .jsonl records from data.files; set data.source='files' (got {data.source!r})")
+  need(K == 1 or data.format != "sft", "diffusion.canvases_per_row",
+       f"data.format='sft' rows hold one response canvas; use 1, got {K}")
+  need(data.sft_overflow in ("truncate_left", "error"), "data.sft_overflow",
+       f"{data.sft_overflow!r} not in ('truncate_left', 'error')")
   need(diff.reweight_cap >= 1.0, "diffusion.reweight_cap", f"must be >= 1, got {diff.reweight_cap}")
   if diff.objective == "mdlm":
     need(0 <= diff.mask_id < model_cfg.vocab_size, "diffusion.mask_id",

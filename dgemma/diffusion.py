@@ -8,6 +8,18 @@ clean context. A packed row of `seq_len` tokens is split into a clean context (t
 seq_len - canvas_len tokens) and one canvas (the last canvas_len tokens), so the model learns
 block-autoregressive generation.
 
+Block-causal multi-canvas training (`diffusion.canvases_per_row` = K > 1): the last K * canvas_len
+tokens of the row are K canvases, each noised independently (its own t) and all denoised in ONE
+decoder pass whose mask lets canvas k see itself and the clean cache before its start
+(dgemma/model/attention.py). The encoder pass is the same as for K = 1 (clean row up to the last
+canvas), so canvas k is conditioned on the clean text before it and never on any noisy token:
+the loss equals the single-canvas loss of each row cut after canvas k, summed over k (noise of
+canvas k drawn as for example `id * K + k`); K = 1 is exactly the single-canvas loss.
+
+Per-token targets: a batch may carry `loss_mask` [B, L] (SFT: 1 on response tokens, 0 on the
+prompt). Canvas tokens are scored only where it is 1, and the encoder's next-token loss only on
+targets where it is 1. Without it every non-padding token is a target.
+
 `diffusion.objective` swaps the canvas loss (dgemma/objectives.py): base_ce (released), reweighted_ce,
 loo_ce, reweighted_loo_ce, nelbo (uniform-state NELBO), mdlm (masked-diffusion baseline: tokens
 replaced by `mask_id` with probability 1 - alpha) and ar (no canvas: next-token CE of the causal
@@ -41,6 +53,7 @@ class DiffusionLossConfig:
   reweight_cap: float = 10.0
   mask_id: int = 4
   antithetic_t: bool = False
+  canvases_per_row: int = 1
 
   @classmethod
   def from_config(cls, config) -> "DiffusionLossConfig":
@@ -48,7 +61,8 @@ class DiffusionLossConfig:
     return cls(canvas_len=int(d.canvas_len), t_eps=float(d.t_eps),
                encoder_loss_weight=float(d.encoder_loss_weight), self_cond_prob=float(d.self_cond_prob),
                objective=str(d.objective), schedule=str(d.schedule), reweight_cap=float(d.reweight_cap),
-               mask_id=int(d.mask_id), antithetic_t=bool(d.antithetic_t))
+               mask_id=int(d.mask_id), antithetic_t=bool(d.antithetic_t),
+               canvases_per_row=int(d.canvases_per_row))
 
 
 def corrupt_uniform(rng: jax.Array, tokens_BC: jax.Array, t_B: jax.Array, vocab_size: int) -> tuple[jax.Array, jax.Array]:
@@ -94,21 +108,32 @@ def masked_cross_entropy(logits_BNV: jax.Array, targets_BN: jax.Array, weights_B
   return jnp.sum(ce_BN * weights_BN), jnp.sum(weights_BN), jnp.sum(correct_BN * weights_BN)
 
 
-def next_token_weights(segment_ids_BT: jax.Array) -> jax.Array:
-  """w[:, i] for target i+1 predicted at i: both tokens in the same (non-padding) document."""
-  return (segment_ids_BT[:, 1:] == segment_ids_BT[:, :-1]) & (segment_ids_BT[:, 1:] != 0)
+def next_token_weights(segment_ids_BT: jax.Array, targets_BT: jax.Array | None = None) -> jax.Array:
+  """w[:, i] for target i+1 predicted at i: both tokens in the same (non-padding) document, and
+  token i+1 a target (`targets_BT`, e.g. `target_mask`; None = every token)."""
+  w = (segment_ids_BT[:, 1:] == segment_ids_BT[:, :-1]) & (segment_ids_BT[:, 1:] != 0)
+  return w if targets_BT is None else w & targets_BT[:, 1:]
+
+
+def target_mask(batch: dict[str, jax.Array]) -> jax.Array:
+  """[B, L] bool: tokens the losses may score (non-padding, and `loss_mask` where the batch has one)."""
+  mask = batch["segment_ids"] != 0
+  if "loss_mask" in batch:
+    mask = mask & (batch["loss_mask"] != 0)
+  return mask
 
 
 def batch_totals(batch: dict[str, jax.Array], loss_cfg: DiffusionLossConfig) -> dict[str, jax.Array]:
   """Whole-batch normalisers: examples, scored canvas tokens, encoder next-token targets (fp32)."""
   seg_BL = batch["segment_ids"]
+  tgt_BL = target_mask(batch)
   if loss_cfg.objective == "ar":
-    enc_w = next_token_weights(seg_BL)
+    enc_w = next_token_weights(seg_BL, tgt_BL)
     canvas_w = enc_w[:, -loss_cfg.canvas_len:]
   else:
-    ctx_seg = seg_BL[:, :seg_BL.shape[1] - loss_cfg.canvas_len]
-    enc_w = next_token_weights(ctx_seg)
-    canvas_w = seg_BL[:, -loss_cfg.canvas_len:] != 0
+    ctx_len = seg_BL.shape[1] - loss_cfg.canvas_len
+    enc_w = next_token_weights(seg_BL[:, :ctx_len], tgt_BL[:, :ctx_len])
+    canvas_w = tgt_BL[:, -loss_cfg.canvas_len * loss_cfg.canvases_per_row:]
   f32 = lambda x: jnp.sum(x.astype(jnp.float32))
   return {"examples": jnp.asarray(seg_BL.shape[0], jnp.float32), "canvas_tokens": f32(canvas_w),
           "encoder_tokens": f32(enc_w)}
@@ -166,13 +191,21 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   if loss_cfg.objective == "ar":
     return _ar_loss(apply, batch, model_cfg, loss_cfg, totals, router_scale, eval_metrics)
 
-  ctx, canvas = split_context_canvas(batch, loss_cfg.canvas_len)
+  # Clean context = the row up to the last canvas; decoder input = the last K canvases (K = 1: one).
+  K, C = loss_cfg.canvases_per_row, loss_cfg.canvas_len
+  ctx, _ = split_context_canvas(batch, C)
+  _, canvas = split_context_canvas(batch, K * C)
   ctx_len = ctx["tokens"].shape[1]
-  t_B = sample_times(keys_B3[:, 0], example_ids_B, rng_batch, totals["examples"], loss_cfg)
+  if K > 1:  # canvas k of row b draws its noise as example b * K + k would (module docstring)
+    example_ids_B = (example_ids_B[:, None] * K + jnp.arange(K, dtype=jnp.int32)[None, :]).reshape(-1)
+    keys_B3 = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(rng_examples, i), 3))(example_ids_B)
+  t_B = sample_times(keys_B3[:, 0], example_ids_B, rng_batch, totals["examples"] * K, loss_cfg)
   alpha_B, dalpha_B = objectives.schedule(loss_cfg.schedule, t_B)
   mask_id = loss_cfg.mask_id if loss_cfg.objective == "mdlm" else None
-  noisy_BC, replaced_BC = corrupt_rows(keys_B3[:, 1], canvas["tokens"], 1.0 - alpha_B, model_cfg.vocab_size,
-                                       mask_id=mask_id)
+  noisy_BC, replaced_BC = corrupt_rows(keys_B3[:, 1], canvas["tokens"].reshape(-1, C), 1.0 - alpha_B,
+                                       model_cfg.vocab_size, mask_id=mask_id)
+  noisy_BC, replaced_BC = noisy_BC.reshape(batch_size, K * C), replaced_BC.reshape(batch_size, K * C)
+  per_token = lambda x_B: jnp.repeat(x_B.reshape(batch_size, K), C, axis=1)  # per canvas -> [B, K*C]
 
   # Encoder: causal pass over the clean context fills the KV cache (and gives next-token logits).
   cache = init_cache(model_cfg, batch_size, ctx_len, dtype=jnp.dtype(model_cfg.dtype))
@@ -182,7 +215,7 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
 
   def decode(sc_logits_BCV, sc_mask_B):
     return apply(noisy_BC, canvas["positions"], canvas["segment_ids"], cache, sc_logits_BCV=sc_logits_BCV,
-                 sc_mask_B=sc_mask_B, method=Transformer.decode)
+                 sc_mask_B=sc_mask_B, num_canvases=K, method=Transformer.decode)
 
   # Self-conditioning training: a first pass without it; its logits (no gradient) feed the scored
   # second pass for each example with probability self_cond_prob (zeros otherwise). The first pass's
@@ -191,15 +224,16 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
     first_BCV, _ = decode(None, None)
     first_BCV = jax.lax.stop_gradient(first_BCV)
     sc_mask_B = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys_B3[:, 2]) < loss_cfg.self_cond_prob
+    if K > 1:
+      sc_mask_B = per_token(sc_mask_B)  # per canvas
     logits_BCV, dec_vars = decode(first_BCV, sc_mask_B)
   else:
     logits_BCV, dec_vars = decode(None, None)
 
   # Canvas objective (dgemma/objectives.py), per token, at each example's (alpha, alpha').
   targets_BC = canvas["tokens"]
-  canvas_w_BC = (canvas["segment_ids"] != 0).astype(jnp.float32)
-  alpha_BC = jnp.broadcast_to(alpha_B[:, None], targets_BC.shape)
-  dalpha_BC = jnp.broadcast_to(dalpha_B[:, None], targets_BC.shape)
+  canvas_w_BC = target_mask(canvas).astype(jnp.float32)
+  alpha_BC, dalpha_BC = per_token(alpha_B), per_token(dalpha_B)
   loss_BC = objectives.per_token_loss(loss_cfg.objective, logits_BCV, targets_BC, noisy_BC, alpha_BC, dalpha_BC,
                                       reweight_cap=loss_cfg.reweight_cap, mask_id=loss_cfg.mask_id)
   n_canvas = jnp.maximum(totals["canvas_tokens"], 1.0)
@@ -217,7 +251,7 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
     metrics["canvas_nelbo"] = jnp.sum(nelbo_BC * canvas_w_BC) / n_canvas
   loss = canvas_loss
   if want_enc_logits:
-    w_BT = next_token_weights(ctx["segment_ids"])
+    w_BT = next_token_weights(ctx["segment_ids"], target_mask(ctx))
     enc_sum, _, _ = masked_cross_entropy(enc_logits_BTV[:, :-1], ctx["tokens"][:, 1:], w_BT)
     encoder_loss = enc_sum / jnp.maximum(totals["encoder_tokens"], 1.0)
     metrics["encoder_loss"] = encoder_loss
@@ -248,7 +282,7 @@ def _ar_loss(apply, batch, model_cfg: ModelConfig, loss_cfg: DiffusionLossConfig
   cache = init_cache(model_cfg, batch_size, seq_len, dtype=jnp.dtype(model_cfg.dtype))
   (logits_BLV, _), enc_vars = apply(batch["tokens"], batch["positions"], batch["segment_ids"], cache,
                                     return_logits=True, method=Transformer.encode)
-  w_BT = next_token_weights(batch["segment_ids"])
+  w_BT = next_token_weights(batch["segment_ids"], target_mask(batch))
   ce_BT = objectives.cross_entropy(logits_BLV[:, :-1], batch["tokens"][:, 1:])
   correct_BT = (jnp.argmax(logits_BLV[:, :-1], axis=-1) == batch["tokens"][:, 1:]).astype(jnp.float32)
   w_BT = w_BT.astype(jnp.float32)

@@ -22,6 +22,7 @@ import numpy as np
 from dgemma import checkpointing, report, trainer
 from dgemma import config as config_lib
 from dgemma.data import pipeline as data_pipeline
+from dgemma.data import sft
 from dgemma.model import Transformer
 from dgemma.model.config import ConfigError
 from dgemma.sampling import (GenerateOutput, LivePrinter, SamplerConfig, check_request, generate, infill_arrays,
@@ -66,7 +67,10 @@ def sample_from_workdir(workdir: str, config: Optional[ml_collections.ConfigDict
     raise ConfigError(f"sample.max_new_tokens must be positive, got {max_new}")
   infill = infill_arrays(config.sample.get("infill", ()), n, max_new, int(config.model.vocab_size))
   tokenizer = data_pipeline.prepare(config).tokenizer
-  prompt_ids = [tokenizer.bos_id] + tokenizer.encode(config.sample.prompt)
+  if config.data.get("format", "text") == "sft":  # the prompt as a user turn, rendered as in training
+    prompt_ids = sft.prompt_ids(tokenizer, config.sample.prompt)
+  else:
+    prompt_ids = [tokenizer.bos_id] + tokenizer.encode(config.sample.prompt)
   check_request(sampler_cfg, batch=n, prompt_len=len(prompt_ids), max_new_tokens=max_new)
   model_cfg, params, step = trainer.load_params(workdir, config, config.sample.checkpoint_step)
 

@@ -69,6 +69,10 @@ class Tokenizer(abc.ABC):
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids`; special ids (PAD/BOS/EOS/...) and ids >= vocab_size are dropped."""
 
+  def piece_id(self, piece: str) -> int | None:
+    """The id of a whole vocabulary piece (e.g. Gemma's `<|turn>`), or None if there is none."""
+    return None
+
 
 class ByteTokenizer(Tokenizer):
   """UTF-8 bytes: byte b -> id b + 4. Lossless, so bits-per-byte is exact."""
@@ -130,6 +134,10 @@ class SentencePieceTokenizer(Tokenizer):
 
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text)
+
+  def piece_id(self, piece: str) -> int | None:
+    i = self._sp.piece_to_id(piece)
+    return i if 0 <= i < self._vocab_size and self._sp.id_to_piece(i) == piece else None
 
   def decode(self, ids: Sequence[int]) -> str:
     kept = [int(i) for i in ids

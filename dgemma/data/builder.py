@@ -1,7 +1,8 @@
 """A TFDS builder over local text: bundled Shakespeare or the user's .txt / .jsonl files.
 
 Built offline once into `<data.cache_dir>/tfds` as ArrayRecord files (no tensorflow needed) and
-read back with `builder.as_data_source(split)`. Each example is {'text': str}.
+read back with `builder.as_data_source(split)`. Each example is {'text': str}; with
+data.format='sft' the text is a normalised prompt/response record (dgemma/data/sft.py).
 
 Splits: each document goes to 'validation' when the sha256 of its text, read as a number in
 [0, 1), is below `data.validation_fraction`, else to 'train' (so the split of a document never
@@ -25,7 +26,7 @@ from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
 
-from dgemma.data import shakespeare
+from dgemma.data import sft, shakespeare
 from dgemma.model.config import ConfigError
 
 SOURCES = ("shakespeare", "files", "tfds")
@@ -44,6 +45,8 @@ class LocalTextConfig(tfds.core.BuilderConfig):
   txt_mode: str = "line"
   jsonl_field: str = "text"
   validation_fraction: float = 0.05
+  format: str = "text"
+  sft_fields: tuple[str, str, str] = ("prompt", "response", "messages")  # prompt, response, messages
 
 
 class LocalText(tfds.core.GeneratorBasedBuilder):
@@ -105,7 +108,9 @@ def assign_validation(units: np.ndarray, fraction: float) -> np.ndarray:
 
 def _iter_all_documents(config: LocalTextConfig) -> Iterator[str]:
   for path in config.files:
-    if config.source == "shakespeare":
+    if config.format == "sft":
+      yield from sft.iter_jsonl_examples(path, *config.sft_fields)
+    elif config.source == "shakespeare":
       doc = shakespeare.strip_gutenberg_boilerplate(Path(path).read_text(encoding="utf-8"))
       if doc:
         yield doc
@@ -185,6 +190,10 @@ def make_builder_config(data_config) -> LocalTextConfig:
   """The LocalTextConfig for data.source 'shakespeare' or 'files' (fetches Shakespeare once)."""
   source = data_config.source
   fraction = float(data_config.validation_fraction)
+  data_format = str(data_config.get("format", "text"))
+  if data_format == "sft" and source != "files":
+    raise ConfigError(f"data.format: 'sft' reads .jsonl records from data.files; set data.source='files' "
+                      f"(got {source!r})")
   if not 0.0 <= fraction < 1.0:
     raise ConfigError(f"data.validation_fraction: must be in [0, 1), got {fraction}")
   if source == "shakespeare":
@@ -204,10 +213,14 @@ def make_builder_config(data_config) -> LocalTextConfig:
     identity = dict(format=_FORMAT_VERSION, source=source, files=stats,
                     txt_mode=data_config.txt_mode, jsonl_field=data_config.jsonl_field,
                     validation_fraction=fraction)
+    sft_fields = ("prompt", "response", "messages")
+    if data_format == "sft":
+      sft_fields = (data_config.prompt_field, data_config.response_field, data_config.messages_field)
+      identity.update(data_format=data_format, sft_fields=sft_fields)
     return LocalTextConfig(
-        name=f"files_{_identity(identity)}", source=source, files=tuple(str(p) for p in paths),
-        txt_mode=data_config.txt_mode, jsonl_field=data_config.jsonl_field,
-        validation_fraction=fraction,
+        name=f"{'sft' if data_format == 'sft' else 'files'}_{_identity(identity)}", source=source,
+        files=tuple(str(p) for p in paths), txt_mode=data_config.txt_mode, jsonl_field=data_config.jsonl_field,
+        validation_fraction=fraction, format=data_format, sft_fields=sft_fields,
         description=f"{len(paths)} file(s): {', '.join(p.name for p in paths[:5])}")
   raise ConfigError(f"data.source: {source!r} is not a local source; use one of {SOURCES[:2]}"
                     if source in SOURCES else f"data.source: {source!r} not in {SOURCES}")

@@ -6,6 +6,8 @@
   batch = next(it)   # {'tokens', 'segment_ids', 'positions'}: int32[B, L]
   state = it.get_state()   # JSON-serializable; it.set_state(state) resumes exactly
 
+data.format='sft': one row per prompt/response example, with a `loss_mask` (dgemma/data/sft.py).
+
 Packing (concat-then-split): each document becomes [BOS] + ids + [EOS]; the stream of documents
 is cut into rows of data.seq_len tokens, a long document spilling over as many rows as it needs.
 In a row, segment ids number the document pieces from 1 (0 = padding, token PAD) and positions
@@ -29,6 +31,7 @@ import tensorflow_datasets as tfds
 
 from dgemma import tokenizers
 from dgemma.data import builder as builder_lib
+from dgemma.data import sft
 from dgemma.model.config import ConfigError
 
 _STATE_FORMAT = 1
@@ -138,8 +141,9 @@ def prepare(config) -> PreparedData:
                            splits=tuple(sorted(builder.info.splits.keys())),
                            _open_split=open_split)
   untokenized = PreparedData(tokenizer=tokenizers.ByteTokenizer(), **prepared_source)
+  plain = sft.record_text if data.get("format", "text") == "sft" else (lambda text: text)
   tokenizer = tokenizers.build_tokenizer(
-      data, train_texts=lambda: untokenized.texts("train"), cache_key=untokenized.dataset_id)
+      data, train_texts=lambda: map(plain, untokenized.texts("train")), cache_key=untokenized.dataset_id)
   return dataclasses.replace(untokenized, tokenizer=tokenizer)
 
 
@@ -209,10 +213,7 @@ class _PickRow(grain.transforms.Map):
   def map(self, group):
     if self._shard_index < group["tokens"].shape[0]:
       return {k: v[self._shard_index] for k, v in group.items()}
-    seq_len = group["tokens"].shape[1]
-    return {"tokens": np.full((seq_len,), self._pad_id, np.int32),
-            "segment_ids": np.zeros((seq_len,), np.int32),
-            "positions": np.zeros((seq_len,), np.int32)}
+    return _padding_rows(group, None, self._pad_id)
 
 
 class _FillBatch(grain.transforms.Map):
@@ -226,11 +227,14 @@ class _FillBatch(grain.transforms.Map):
     missing = self._batch_size - batch["tokens"].shape[0]
     if missing == 0:
       return batch
-    seq_len = batch["tokens"].shape[1]
-    fill = {"tokens": np.full((missing, seq_len), self._pad_id, np.int32),
-            "segment_ids": np.zeros((missing, seq_len), np.int32),
-            "positions": np.zeros((missing, seq_len), np.int32)}
+    fill = _padding_rows(batch, missing, self._pad_id)
     return {k: np.concatenate([batch[k], fill[k]]) for k in batch}
+
+
+def _padding_rows(like: dict[str, np.ndarray], count: int | None, pad_id: int) -> dict[str, np.ndarray]:
+  """All-padding rows with the keys of `like` [N, L]: `count` of them, or one row [L] if None."""
+  shape = (like["tokens"].shape[1],) if count is None else (count, like["tokens"].shape[1])
+  return {k: np.full(shape, pad_id if k == "tokens" else 0, np.int32) for k in like}
 
 
 def _restore_tuples(state):
@@ -319,12 +323,20 @@ def make_iterator(config, prepared: PreparedData, split: str, *, shard_index: in
   if shuffle:
     dataset = dataset.shuffle(seed % 2**32)
   dataset = dataset.repeat(None if num_epochs == 0 else num_epochs)
-  dataset = dataset.map(_Tokenize(tokenizer, prepared.text_key))
   threads = max(1, min(4, os.cpu_count() or 1))
-  packed = grain_experimental.ConcatThenSplitIterDataset(
-      dataset.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=16)),
-      length_struct={"tokens": seq_len})
-  rows = packed.map(_NameRow(tokenizer.pad_id))
+  read_options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=16)
+  if data.format == "sft":
+    canvas_len = int(config.diffusion.canvas_len)
+    if data.sft_overflow == "error":
+      sft.check_fits(tokenizer, prepared.texts(split), seq_len=seq_len, canvas_len=canvas_len, split=split)
+    rows = dataset.map_with_index(sft.SftRows(
+        tokenizer, prepared.text_key, seq_len=seq_len, canvas_len=canvas_len, overflow=data.sft_overflow,
+        seed=seed, shard_index=shard_index)).to_iter_dataset(read_options)
+  else:
+    dataset = dataset.map(_Tokenize(tokenizer, prepared.text_key))
+    packed = grain_experimental.ConcatThenSplitIterDataset(dataset.to_iter_dataset(read_options),
+                                                           length_struct={"tokens": seq_len})
+    rows = packed.map(_NameRow(tokenizer.pad_id))
   if shard_count > 1 and sharding == "rows":
     rows = rows.batch(shard_count, drop_remainder=False)
     rows = rows.map(_PickRow(shard_index, tokenizer.pad_id))

@@ -24,6 +24,14 @@ Decoder (HF `DiffusionGemmaDecoderModel`): `create_diffusion_decoder_attention_m
     the same window the encoder would give a token at the canvas start, for every canvas query alike
     (not a per-query window). HF's StaticCache keeps W tokens instead of W - 1; we follow the default
     DynamicCache, which `DiffusionGemmaForBlockDiffusion.forward` and `generate` use.
+Block-causal decoder (training with `diffusion.canvases_per_row` = K > 1): the decoder input is K
+  canvases of C tokens laid end to end, and the cache holds the clean row up to the start of the last
+  canvas, so canvas k (0-based) starts at cache slot `length - (K - 1 - k) * C`. A query in canvas k
+  attends bidirectionally inside canvas k only, and to cache slots before canvas k's start (the clean
+  text preceding it, including the clean versions of canvases 0..k-1); its sliding anchor is the first
+  position of its segment inside canvas k. So each canvas sees exactly what the single-canvas decoder
+  would see with the row cut after it; noisy tokens of other canvases are never keys (K = 1 is the
+  single-canvas decoder above).
 A query with no allowed key outputs zeros (finite; its row is padding anyway).
 """
 
@@ -57,14 +65,29 @@ def encoder_masks(cfg: ModelConfig, positions_BT, segment_ids_BT, positions_BS, 
   return glob_BTS & window_BTS, glob_BTS
 
 
-def decoder_masks(cfg: ModelConfig, positions_BC, segment_ids_BC, positions_BS, segment_ids_BS, length):
-  """(sliding, global) masks [B, C, S + C]: keys are the S cache slots followed by the C canvas tokens."""
-  S = positions_BS.shape[1]
-  written_S = jnp.arange(S, dtype=jnp.int32) < length
-  cache_BCS = _same_segment(segment_ids_BC, segment_ids_BS) & written_S[None, None, :]
-  canvas_BCC = _same_segment(segment_ids_BC, segment_ids_BC)
-  # First canvas position of each query's segment (the HF sliding cache is cut relative to it).
+def decoder_masks(cfg: ModelConfig, positions_BC, segment_ids_BC, positions_BS, segment_ids_BS, length,
+                  num_canvases: int = 1):
+  """(sliding, global) masks [B, C, S + C]: keys are the S cache slots followed by the C canvas tokens.
+
+  num_canvases K > 1: the C decoder tokens are K canvases of C // K, each reading the cache only up to
+  its own start (block-causal; module docstring).
+  """
+  S, C = positions_BS.shape[1], positions_BC.shape[1]
+  if C % num_canvases:
+    raise ValueError(f"decoder_masks: {C} canvas tokens do not split into {num_canvases} canvases")
   same_CC = segment_ids_BC[:, :, None] == segment_ids_BC[:, None, :]
+  canvas_BCC = _same_segment(segment_ids_BC, segment_ids_BC)
+  if num_canvases == 1:
+    written_CS = (jnp.arange(S, dtype=jnp.int32) < length)[None, :]
+  else:
+    block_C = jnp.arange(C, dtype=jnp.int32) // (C // num_canvases)
+    # Canvas k reads cache slots before its own start: length - (K - 1 - k) * (C // K).
+    limit_C = length - (num_canvases - 1 - block_C) * (C // num_canvases)
+    written_CS = jnp.arange(S, dtype=jnp.int32)[None, :] < limit_C[:, None]
+    same_block_CC = (block_C[:, None] == block_C[None, :])[None]
+    same_CC, canvas_BCC = same_CC & same_block_CC, canvas_BCC & same_block_CC
+  cache_BCS = _same_segment(segment_ids_BC, segment_ids_BS) & written_CS[None]
+  # First canvas position of each query's segment (in its canvas; the HF sliding cache is cut relative to it).
   big = jnp.iinfo(jnp.int32).max
   anchor_BC = jnp.min(jnp.where(same_CC, positions_BC[:, None, :], big), axis=-1)
   window_BCS = (anchor_BC[:, :, None] - positions_BS[:, None, :]) < cfg.sliding_window

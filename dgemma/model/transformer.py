@@ -287,11 +287,13 @@ class Transformer(nn.Module):
     return (self._logits(x_BTD) if return_logits else None), new_cache
 
   def decode(self, canvas_BC, positions_BC, segment_ids_BC, cache: KVCache, sc_logits_BCV=None,
-             sc_mask_B=None):
+             sc_mask_B=None, num_canvases: int = 1):
     """Bidirectional pass over the canvas reading (never writing) `cache`. Returns logits_BCV (fp32).
 
     sc_logits_BCV: previous step's logits for self-conditioning (None = zero signal);
-    sc_mask_B: optional per-example bool, False zeroes that example's signal.
+    sc_mask_B: optional bool, per example [B] or per token [B, C]; False zeroes that signal.
+    num_canvases: K > 1 decodes K canvases of C // K tokens at once, block-causally (training only;
+      canvas k ends where the cache's clean canvas k + 1 begins: attention.py docstring).
     """
     cfg = self.cfg
     positions_BC = positions_BC.astype(jnp.int32)
@@ -303,10 +305,11 @@ class Transformer(nn.Module):
       else:
         soft_BCD = self.embedder.soft_encode(jax.nn.softmax(sc_logits_BCV.astype(jnp.float32), axis=-1))
         if sc_mask_B is not None:
-          soft_BCD = soft_BCD * sc_mask_B.astype(soft_BCD.dtype)[:, None, None]
+          mask = sc_mask_B.astype(soft_BCD.dtype)
+          soft_BCD = soft_BCD * (mask[:, None, None] if mask.ndim == 1 else mask[:, :, None])
       x_BCD = self.self_conditioning(x_BCD, soft_BCD)  # post norm applies even to a zero signal
     slide, glob = decoder_masks(cfg, positions_BC, segment_ids_BC, cache.positions_BS,
-                                cache.segment_ids_BS, cache.length)
+                                cache.segment_ids_BS, cache.length, num_canvases)
     ctx = _Ctx(positions_BC, slide, glob, cache.length, segment_ids_BC != 0, decode=True)
     x_BCD = self.perturb("decoder_inputs", x_BCD)
     x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)

@@ -1,0 +1,57 @@
+"""configs/pretrain_small.py and configs/sft_jsonl.py: valid at full size, and a few training steps of
+each through `trainer.train_and_evaluate` with the sizes overridden down to tiny (CPU, seconds).
+
+Compile time dominates: both runs use the same model and row shape (their init program is shared
+through the compilation cache), one decoder pass (self_cond_prob 0), and stop after 2 of 100 steps,
+before the first evaluation (the eval loss is the same diffusion_loss, tested elsewhere)."""
+
+import json
+
+import numpy as np
+
+from configs import pretrain_small, sft_jsonl
+from dgemma import config as config_lib
+from dgemma import trainer
+from tests.test_sft import write_sft_file
+
+
+def _tiny(config, tmp_path):
+  config.model.update(dict(vocab_size=260, d_model=32, num_layers=1, layer_types=("global",),
+                           num_heads=2, num_kv_heads=1, head_dim=16, global_head_dim=16, sliding_window=16,
+                           mlp_hidden=64, num_experts=0))
+  config.data.update(dict(seq_len=96, batch_size=2, cache_dir=str(tmp_path / "cache")))
+  config.data.tokenizer.kind = "byte"
+  config.diffusion.canvas_len, config.diffusion.self_cond_prob = 8, 0.0
+  config.train.update(dict(num_steps=100, log_every=1, eval_every=1000, eval_batches=1, ckpt_every=1000,
+                           progress_bar=False, async_checkpointing=False))
+  return config
+
+
+def _run(config, workdir):
+  state = trainer.train_and_evaluate(config, str(workdir), stop_after_steps=2)
+  assert int(state.step) == 2 and (workdir / "checkpoints").is_dir()
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [1, 2] and {r["split"] for r in rows} == {"train"}
+  assert all(np.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in rows)
+  return rows
+
+
+def test_full_size_configs_validate():
+  assert config_lib.validate(pretrain_small.get_config()).d_model == 256  # the small preset
+  config = sft_jsonl.get_config("a.jsonl,b.jsonl")
+  assert config.data.files == ("a.jsonl", "b.jsonl") and config_lib.validate(config).d_model == 256
+
+
+def test_pretrain_small_block_causal_runs(tmp_path, corpus_file):
+  config = _tiny(pretrain_small.get_config(), tmp_path)
+  config.data.source, config.data.files = "files", (str(corpus_file),)  # tests do not fetch Shakespeare
+  assert config.diffusion.canvases_per_row == 4
+  train_rows = _run(config, tmp_path / "wd")
+  assert all(r["canvas_tokens"] == 2 * 4 * 8 for r in train_rows)  # every row scores 4 canvases
+
+
+def test_sft_jsonl_runs(tmp_path):
+  path = write_sft_file(tmp_path / "sft.jsonl")
+  config = _tiny(sft_jsonl.get_config(str(path)), tmp_path)
+  train_rows = _run(config, tmp_path / "wd")
+  assert all(r["canvas_tokens"] == 2 * 8 for r in train_rows)  # one response canvas per row, all scored
