@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import math
 import time
 from pathlib import Path
@@ -30,9 +32,9 @@ from dgemma import config as config_lib
 from dgemma import diffusion
 from dgemma.data import pipeline as data_pipeline
 from dgemma.model import ModelConfig, Transformer
+from dgemma.model.sharding import fit_spec_to_shape
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
-BATCH_AXES = ("data", "fsdp")
 
 
 @flax.struct.dataclass
@@ -64,16 +66,37 @@ def axis_rules(config: ml_collections.ConfigDict) -> tuple:
   return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in config.mesh.axis_rules)
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P(BATCH_AXES))
+def batch_axes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """Mesh axes of the logical 'batch' axis (mesh.axis_rules): the batch of every step is split over them."""
+  for name, axes in axis_rules(config):
+    if name == "batch":
+      return () if axes is None else (tuple(axes) if isinstance(axes, tuple) else (axes,))
+  raise config_lib.ConfigError("mesh.axis_rules: no rule for the logical axis 'batch'")
+
+
+def batch_sharding(mesh: Mesh, config: ml_collections.ConfigDict) -> NamedSharding:
+  return NamedSharding(mesh, P(tuple(a for a in batch_axes(config) if a in mesh.shape)))
+
+
+def mesh_context(mesh: Mesh, config: ml_collections.ConfigDict) -> contextlib.ExitStack:
+  """`with mesh_context(mesh, config):` installs the mesh (`jax.set_mesh`) and the logical axis rules
+  (`nn.logical_axis_rules`): activation constraints and expert parallelism apply inside it."""
+  stack = contextlib.ExitStack()
+  stack.enter_context(jax.set_mesh(mesh))
+  stack.enter_context(nn.logical_axis_rules(axis_rules(config)))
+  return stack
 
 
 def check_batch_fits_mesh(config, mesh: Mesh) -> None:
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  axes = [a for a in batch_axes(config) if a in mesh.shape]
+  shards = math.prod(mesh.shape[a] for a in axes)
   if config.data.batch_size % shards:
     raise config_lib.ConfigError(
         f"data.batch_size: {config.data.batch_size} is not divisible by the {shards} batch shards "
-        f"(mesh data x fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']})")
+        f"(mesh {' x '.join(axes)} = {' x '.join(str(mesh.shape[a]) for a in axes)})")
+  if shards % jax.process_count():
+    raise config_lib.ConfigError(f"mesh.shape: the {shards} batch shards do not split over "
+                                 f"{jax.process_count()} processes (each process feeds its own rows)")
   accum = int(config.opt.grad_accum_steps)
   if config.data.batch_size % (shards * accum):
     raise config_lib.ConfigError(
@@ -153,19 +176,6 @@ def abstract_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer) 
                            unboxed, mesh_specs, is_leaf=lambda x: isinstance(x, P))
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), unboxed, shardings)
   return init_fn, abstract, shardings
-
-
-def fit_spec_to_shape(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
-  """Drops mesh axes from dimensions they do not divide (e.g. 1 global KV head over tensor=2): that
-  dimension is replicated instead, so every preset runs on every mesh."""
-  fitted = []
-  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-    names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
-    kept = tuple(a for a in names if a in mesh.shape)
-    if kept and dim % math.prod(mesh.shape[a] for a in kept):
-      kept = ()
-    fitted.append(None if not kept else (kept[0] if len(kept) == 1 else kept))
-  return P(*fitted)
 
 
 def create_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer, rng) -> tuple[TrainState, Any]:
@@ -311,6 +321,45 @@ def state_from_params_checkpoint(path: str, optimizer, abstract_state, shardings
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
 
+# ---- multi-process ------------------------------------------------------------------------------
+
+DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+def init_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                     process_id: int | None = None) -> bool:
+  """`jax.distributed.initialize` for a multi-process run; returns whether it was called.
+
+  Each argument left None is read from $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID.
+  Nothing set: a single-process run (no call). num_processes == 0: initialize() without arguments,
+  for clusters JAX detects itself (SLURM, Open MPI, TPU pods). Must run before anything touches a
+  device. On CPU the cross-process collectives use gloo ($JAX_CPU_COLLECTIVES_IMPLEMENTATION, the
+  default of this JAX version).
+  """
+  env = {k: os.environ.get(k) for k in DISTRIBUTED_ENV}
+  coordinator_address = coordinator_address or env["JAX_COORDINATOR_ADDRESS"]
+  if num_processes is None and env["JAX_NUM_PROCESSES"]:
+    num_processes = int(env["JAX_NUM_PROCESSES"])
+  if process_id is None and env["JAX_PROCESS_ID"]:
+    process_id = int(env["JAX_PROCESS_ID"])
+  if num_processes == 0:  # cluster auto-detection
+    jax.distributed.initialize()
+    return True
+  if coordinator_address is None and num_processes is None and process_id is None:
+    return False
+  missing = [name for name, v in (("coordinator_address", coordinator_address), ("num_processes", num_processes),
+                                  ("process_id", process_id)) if v is None]
+  if missing:
+    raise ValueError(f"--{missing[0]}: a multi-process run needs --coordinator_address, --num_processes and "
+                     f"--process_id (or $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID); "
+                     f"missing {', '.join(missing)}")
+  if not 0 <= process_id < num_processes:
+    raise ValueError(f"--process_id: {process_id} not in [0, --num_processes={num_processes})")
+  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                             process_id=process_id)
+  return True
+
+
 def prepare_data(config):
   """Builds the dataset and tokenizer once (process 0 first on multi-host runs), then opens them."""
   if jax.process_count() > 1:
@@ -346,8 +395,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
   schedule = make_schedule(config.opt, num_steps)
   optimizer = make_optimizer(config.opt, num_steps)
   _, abstract_state, state_shardings = abstract_train_state(model_cfg, config, mesh, optimizer)
-  data_sharding = batch_sharding(mesh)
+  data_sharding = batch_sharding(mesh, config)
+  with mesh_context(mesh, config):
+    return _train_loop(config, workdir_path, model_cfg, mesh, prepared, loss_cfg, num_steps, schedule, optimizer,
+                       abstract_state, state_shardings, data_sharding, stop_after_steps)
 
+
+def _train_loop(config, workdir_path, model_cfg, mesh, prepared, loss_cfg, num_steps, schedule, optimizer,
+                abstract_state, state_shardings, data_sharding, stop_after_steps) -> TrainState:
   manager = checkpointing.make_manager(workdir, keep=config.train.keep_checkpoints,
                                        async_save=config.train.async_checkpointing)
   train_iter = data_pipeline.make_iterator(config, prepared, "train", shard_index=jax.process_index(),
