@@ -32,7 +32,7 @@ from dgemma import config as config_lib
 from dgemma import diffusion
 from dgemma.data import pipeline as data_pipeline
 from dgemma.model import ModelConfig, Transformer
-from dgemma.model.sharding import fit_spec_to_shape
+from dgemma.model.sharding import fit_spec_to_shape, unbox
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
@@ -165,22 +165,32 @@ def abstract_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer) 
   inputs = init_inputs(model_cfg, config.data.seq_len, config.diffusion.canvas_len)
 
   def init_fn(rng):
-    params = model.init(rng, *inputs)["params"]
+    with nn.logical_axis_rules(()):  # no activation constraints while initialising (out_shardings place params)
+      params = model.init(rng, *inputs)["params"]
     opt_state = optimizer.init(params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
   boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
   mesh_specs = nn.logical_to_mesh(nn.get_partition_spec(boxed), axis_rules(config))
-  unboxed = nn.unbox(boxed)
+  unboxed = unbox(boxed)
   shardings = jax.tree.map(lambda x, spec: NamedSharding(mesh, fit_spec_to_shape(spec, x.shape, mesh)),
                            unboxed, mesh_specs, is_leaf=lambda x: isinstance(x, P))
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), unboxed, shardings)
   return init_fn, abstract, shardings
 
 
+def param_partition_specs(model_cfg: ModelConfig, config, mesh: Mesh) -> dict[str, str]:
+  """{parameter path: its PartitionSpec on `mesh`} as strings, from the logical axis names and
+  config.mesh.axis_rules (jax.eval_shape: nothing is allocated). tests/golden/partition_specs.json."""
+  optimizer = optax.sgd(1.0)  # stateless: only the params' shardings are wanted
+  _, abstract, _ = abstract_train_state(model_cfg, config, mesh, optimizer)
+  return {jax.tree_util.keystr(path): str(leaf.sharding.spec)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(abstract.params)}
+
+
 def create_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer, rng) -> tuple[TrainState, Any]:
   init_fn, _, shardings = abstract_train_state(model_cfg, config, mesh, optimizer)
-  state = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=shardings)(rng)
+  state = jax.jit(lambda r: unbox(init_fn(r)), out_shardings=shardings)(rng)
   return state, shardings
 
 
@@ -469,8 +479,10 @@ def _train_loop(config, workdir_path, model_cfg, mesh, prepared, loss_cfg, num_s
   return state
 
 
-def load_params(workdir: str, config: ml_collections.ConfigDict, step: int = -1) -> tuple[ModelConfig, Any, int]:
-  """Restores the params of a training run (latest step when step < 0) onto one host's devices."""
+def load_params(workdir: str, config: ml_collections.ConfigDict, step: int = -1,
+                mesh: Mesh | None = None) -> tuple[ModelConfig, Any, int]:
+  """Restores the params of a training run (latest step when step < 0) onto `mesh`, sharded by
+  config.mesh.axis_rules (default: replicated over this host's devices)."""
   model_cfg = config_lib.validate(config)
   ckpt_root = checkpointing.checkpoint_dir(workdir)
   if not ckpt_root.is_dir():
@@ -482,7 +494,8 @@ def load_params(workdir: str, config: ml_collections.ConfigDict, step: int = -1)
   if step >= 0 and step not in steps:
     raise FileNotFoundError(f"sample.checkpoint_step: step {step} not in {ckpt_root} (have {sorted(steps)})")
   step = max(steps) if step < 0 else step
-  mesh = make_mesh(ml_collections.ConfigDict(dict(shape=dict(data=-1, fsdp=1, expert=1, tensor=1))))
+  if mesh is None:
+    mesh = make_mesh(ml_collections.ConfigDict(dict(shape=dict(data=-1, fsdp=1, expert=1, tensor=1))))
   optimizer = make_optimizer(config.opt, int(config.train.num_steps))
   _, abstract_state, _ = abstract_train_state(model_cfg, config, mesh, optimizer)
   state, _ = checkpointing.restore(manager, step, abstract_state, with_data=False)

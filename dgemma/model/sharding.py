@@ -18,14 +18,17 @@ from jax.sharding import PartitionSpec as P
 
 
 def fit_spec_to_shape(spec: P, shape: tuple[int, ...], mesh) -> P:
-  """Drops mesh axes from dimensions they do not divide (e.g. 1 global KV head over tensor=2): that
-  dimension is replicated instead, so every preset runs on every mesh. `mesh`: a Mesh or AbstractMesh."""
+  """Drops mesh axes from dimensions they do not divide, so every preset runs on every mesh: a
+  dimension keeps the longest leading run of its axes whose sizes multiply to a divisor (1 global KV
+  head over tensor=2 -> replicated; 2 sampled rows over (data=2, fsdp=2, expert=4) -> data only).
+  Axes of size 1 are left out (they split nothing), so specs show only the real splits.
+  `mesh`: a Mesh or AbstractMesh."""
   fitted = []
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
     names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
-    kept = tuple(a for a in names if a in mesh.shape)
-    if kept and dim % math.prod(mesh.shape[a] for a in kept):
-      kept = ()
+    kept = tuple(a for a in names if mesh.shape.get(a, 1) > 1)  # size-1 axes split nothing
+    while kept and dim % math.prod(mesh.shape[a] for a in kept):
+      kept = kept[:-1]
     fitted.append(None if not kept else (kept[0] if len(kept) == 1 else kept))
   return P(*fitted)
 
@@ -62,3 +65,10 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
   if spec is None:
     return x
   return jax.lax.with_sharding_constraint(x, fit_spec_to_shape(spec, x.shape, mesh))
+
+
+def unbox(tree):
+  """`nn.unbox` without sharding constraints (flax applies its own, unfitted, ones when a mesh is
+  installed): parameters are placed by explicit shardings (`trainer.abstract_train_state`) instead."""
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+  return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, tree, is_leaf=is_box)

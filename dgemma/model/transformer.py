@@ -65,7 +65,7 @@ from dgemma.model.attention import Attention, decoder_masks, encoder_masks
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model import layers
 from dgemma.model.moe import MoE
-from dgemma.model.sharding import constrain
+from dgemma.model.sharding import constrain, unbox
 
 # Logical axes of the residual stream and the logits (mesh.axis_rules; no-ops without a mesh context).
 RESIDUAL_AXES = ("batch", "act_length", "act_embed")
@@ -335,7 +335,7 @@ def param_shapes(cfg: ModelConfig) -> Any:
   model = Transformer(cfg)
   tok = jnp.zeros((1, 1), jnp.int32)
   variables = jax.eval_shape(lambda: model.init(jax.random.key(0), tok, tok, tok, tok, tok, tok))
-  return nn.unbox(variables["params"])
+  return unbox(variables["params"])
 
 
 def count_params(cfg: ModelConfig) -> dict[str, int]:
