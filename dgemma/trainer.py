@@ -420,6 +420,7 @@ def _train_loop(config, workdir_path, model_cfg, mesh, prepared, loss_cfg, num_s
   latest = manager.latest_step()
   if latest is not None:
     state, data_state = checkpointing.restore(manager, latest, abstract_state)
+    data_state = checkpointing.this_process_data_state(data_state)
     if data_state is not None:
       train_iter.set_state(data_state)
     logging.info("Resumed from step %d (%s)", latest, checkpointing.checkpoint_dir(workdir))
@@ -470,7 +471,7 @@ def _train_loop(config, workdir_path, model_cfg, mesh, prepared, loss_cfg, num_s
                                   data_sharding, eval_rng), prefix="eval")
       window_start = time.perf_counter()  # do not count evaluation in tokens/s
     if done % config.train.ckpt_every == 0 or done == end_step:
-      checkpointing.save(manager, done, state, train_iter.get_state())
+      checkpointing.save(manager, done, state, checkpointing.all_process_data_states(train_iter.get_state()))
   manager.wait_until_finished()
   manager.close()
   writer.close()

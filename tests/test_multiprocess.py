@@ -5,7 +5,8 @@ One test, three phases (process startups and compiles are the cost, so they are 
      devices of both processes, each process reading its own half of the data: 2 steps + a checkpoint.
   B. This (1-device) process recomputes the same 2 steps on the global batch (process 0's rows, then
      process 1's) and gets the loss process 0 logged; the 2-process checkpoint restores here with the
-     same parameters and optimizer state (Orbax resharding 8 shards -> 1 device).
+     same parameters and optimizer state (Orbax resharding 8 shards -> 1 device); both processes'
+     data-iterator positions are in it.
   C. A checkpoint written by this 1 process restores in 2 processes onto the FSDP mesh (1 -> 8 shards
      over 2 processes), every gathered tensor equal.
 """
@@ -28,14 +29,11 @@ from tests.conftest import FAST_COMPILE_XLA_FLAGS
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Small and quick to compile: no MoE, one decoder pass, short rows.
-_OVERRIDES = dict(seq_len=32, canvas_len=8, batch_size=8, num_steps=2)
-
-
 def _config(tiny_config):
+  """Small and quick to compile: no MoE, one decoder pass, short rows; FSDP over all devices."""
   config = tiny_config
-  config.data.seq_len, config.diffusion.canvas_len = _OVERRIDES["seq_len"], _OVERRIDES["canvas_len"]
-  config.data.batch_size, config.train.num_steps = _OVERRIDES["batch_size"], _OVERRIDES["num_steps"]
+  config.data.seq_len, config.diffusion.canvas_len = 32, 8
+  config.data.batch_size, config.train.num_steps = 8, 2
   config.model.num_experts = 0
   config.diffusion.self_cond_prob = 0.0
   config.train.log_every = config.train.ckpt_every = 2
@@ -132,8 +130,11 @@ def test_two_processes_match_one_and_checkpoints_reshard(tiny_config, tmp_path):
   np.testing.assert_allclose(loss_two[0], np.mean(losses), rtol=1e-5)
 
   _, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
-  restored, _ = checkpointing.restore(checkpointing.make_manager(wd_two, read_only=True), 2, abstract, with_data=False)
+  restored, data_state = checkpointing.restore(checkpointing.make_manager(wd_two, read_only=True), 2, abstract)
   assert int(restored.step) == 2
+  # Each process's data position is saved (own shard); a 1-process run cannot use them (warned, None).
+  assert len(data_state["per_process"]) == 2 and data_state["per_process"][0] != data_state["per_process"][1]
+  assert checkpointing.this_process_data_state(data_state) is None
   chex.assert_trees_all_close(jax.device_get(restored.params), jax.device_get(state.params), atol=1e-6, rtol=0)
   chex.assert_trees_all_close(jax.device_get(restored.opt_state), jax.device_get(state.opt_state), atol=1e-6, rtol=0)
 

@@ -125,6 +125,7 @@ config.data.source = "files"
 config.data.files = (str(write_corpus(tmp / "toy.txt")),)
 config.data.cache_dir = str(tmp / "cache")
 config.data.batch_size = 8
+config.diffusion.self_cond_prob = 0.0  # one decoder pass: a smaller program to compile per mesh
 prepared = pipeline.prepare(config)
 batch = next(pipeline.make_iterator(config, prepared, "train"))
 loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
@@ -139,7 +140,10 @@ cases = [("1dev", dict(data=1, fsdp=1, expert=1, tensor=1), "ragged"),
          ("expert", dict(data=2, fsdp=1, expert=4, tensor=1), "expert_parallel"),
          ("mixed", dict(data=1, fsdp=2, expert=2, tensor=2), "expert_parallel")]
 results = {}
+import time
+t0 = time.time()
 for name, shape, impl in cases:
+  print(f"[{time.time() - t0:.0f}s] {name}", file=sys.stderr, flush=True)
   config.mesh.shape.update(shape)
   config.model.moe_impl = impl
   model_cfg = config_lib.validate(config)
@@ -147,7 +151,12 @@ for name, shape, impl in cases:
   mesh = trainer.make_mesh(config.mesh, devices=devices)
   data_sharding = trainer.batch_sharding(mesh, config)
   with trainer.mesh_context(mesh, config):
-    state, shardings = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
+    if name == "1dev":
+      state, shardings = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
+      init_state = jax.device_get(state)
+    else:  # the same initial state placed on this mesh (one init compile for all meshes)
+      _, _, shardings = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
+      state = jax.device_put(init_state, shardings)
     step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, schedule),
                    in_shardings=(shardings, data_sharding, None), out_shardings=(shardings, None))
     dbatch = trainer.device_batch(batch, data_sharding)
@@ -175,6 +184,7 @@ with trainer.mesh_context(trainer.make_mesh(config.mesh), config):
   ep = jax.jit(lambda *a: experts_expert_parallel(*a, jnp.float32))(x, *wts, w, idx)
 out["ep_padded_err"] = float(jnp.max(jnp.abs(ep - experts_dense(x, *wts, w, idx, jnp.float32))))
 
+print(f"[{time.time() - t0:.0f}s] sampling", file=sys.stderr, flush=True)
 # Sharded sampling: the batch over data, experts over expert (all-to-all), same tokens as one device.
 sampler_cfg = SamplerConfig.from_config(config)
 prompts = np.array([[2, 70, 80, 90, 100], [2, 71, 81, 0, 0]], np.int32)
@@ -188,7 +198,7 @@ for name in ("1dev", "expert"):
     _, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
     params = jax.device_put(jax.device_get(params), jax.tree.map(lambda a: a.sharding, abstract.params))
     res = generate(Transformer(model_cfg), params, jax.device_put(prompts, trainer.batch_sharding(mesh, config)),
-                   lengths, sampler_cfg, jax.random.key(5), 32)
+                   lengths, sampler_cfg, jax.random.key(5), 16)
   tokens[name] = np.asarray(res.tokens_BN).tolist()
 out["sample"] = tokens
 print(json.dumps(out))
