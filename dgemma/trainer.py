@@ -393,7 +393,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
   workdir_path.mkdir(parents=True, exist_ok=True)
   mesh = make_mesh(config.mesh)
   check_batch_fits_mesh(config, mesh)
+  with mesh_context(mesh, config):  # activation constraints and expert parallelism apply inside
+    return _train(config, workdir_path, model_cfg, mesh, stop_after_steps)
 
+
+def _train(config, workdir_path: Path, model_cfg: ModelConfig, mesh: Mesh, stop_after_steps: int | None) -> TrainState:
   prepared = prepare_data(config)
   if prepared.tokenizer.vocab_size > model_cfg.vocab_size:
     raise config_lib.ConfigError(f"model.vocab_size: {model_cfg.vocab_size} is smaller than the tokenizer's "
@@ -406,14 +410,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
   optimizer = make_optimizer(config.opt, num_steps)
   _, abstract_state, state_shardings = abstract_train_state(model_cfg, config, mesh, optimizer)
   data_sharding = batch_sharding(mesh, config)
-  with mesh_context(mesh, config):
-    return _train_loop(config, workdir_path, model_cfg, mesh, prepared, loss_cfg, num_steps, schedule, optimizer,
-                       abstract_state, state_shardings, data_sharding, stop_after_steps)
 
-
-def _train_loop(config, workdir_path, model_cfg, mesh, prepared, loss_cfg, num_steps, schedule, optimizer,
-                abstract_state, state_shardings, data_sharding, stop_after_steps) -> TrainState:
-  manager = checkpointing.make_manager(workdir, keep=config.train.keep_checkpoints,
+  manager = checkpointing.make_manager(workdir_path, keep=config.train.keep_checkpoints,
                                        async_save=config.train.async_checkpointing)
   train_iter = data_pipeline.make_iterator(config, prepared, "train", shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
@@ -423,7 +421,7 @@ def _train_loop(config, workdir_path, model_cfg, mesh, prepared, loss_cfg, num_s
     data_state = checkpointing.this_process_data_state(data_state)
     if data_state is not None:
       train_iter.set_state(data_state)
-    logging.info("Resumed from step %d (%s)", latest, checkpointing.checkpoint_dir(workdir))
+    logging.info("Resumed from step %d (%s)", latest, checkpointing.checkpoint_dir(workdir_path))
   elif config.train.init_from:
     state = state_from_params_checkpoint(config.train.init_from, optimizer, abstract_state, state_shardings)
   else:
