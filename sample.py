@@ -11,7 +11,13 @@
       --config.sample.alpha_schedule=loglinear
 
 The architecture comes from the run's saved config.json; --config (optional) supplies the `sample`
-settings. --steps / --seed / --temperature are shorthands for sample.max_denoising_steps,
+settings and the device mesh (`mesh`; default cpu_host): e.g. rows over data and experts over expert
+
+  python sample.py --config=configs/demo.py --workdir=workdirs/demo --config.sample.num_samples=8 \
+      --config.mesh.shape.data=2 --config.mesh.shape.expert=4   # on 8 devices
+
+(experts exchange tokens by all-to-all when the run has model.moe_impl='expert_parallel').
+--steps / --seed / --temperature are shorthands for sample.max_denoising_steps,
 sample.seed and a constant temperature (sample.t_max = sample.t_min). Bad settings (unknown names,
 steps <= 0, a prompt that does not fit sample.max_context, ...) fail before the checkpoint is read.
 Each sample reports its decoder passes and tokens per pass.

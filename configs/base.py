@@ -6,6 +6,7 @@ configs/tiny_test.py. `dgemma.config.validate` rejects keys that are not defined
 
 import ml_collections
 
+from configs.mesh import cpu_host
 from configs.models import diffusiongemma_26b_a4b
 
 
@@ -133,20 +134,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict()
   config.eval.split = "validation"
 
-  # Device mesh: axis sizes (-1 = all remaining devices) and logical-axis -> mesh-axis rules.
-  config.mesh = ml_collections.ConfigDict()
-  config.mesh.shape = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
-  config.mesh.axis_rules = (
-      ("batch", ("data", "fsdp")),
-      ("vocab", "tensor"),
-      ("embed", "fsdp"),
-      ("heads", "tensor"),
-      ("kv_heads", "tensor"),
-      ("head_dim", None),
-      ("mlp", "tensor"),
-      ("expert", "expert"),
-      ("expert_mlp", "tensor"),
-      ("norm", None),
-      ("layers", None),
-  )
+  # Device mesh (dgemma.trainer.make_mesh): a preset from configs/mesh/ (cpu_host | gpu8_expert |
+  # tpu_slice) with keys `preset` (informational), `shape` (axis sizes of data, fsdp, expert, tensor;
+  # -1 = all remaining devices) and `axis_rules` (logical axis -> mesh axes, params and activations).
+  config.mesh = cpu_host.get_config()
   return config

@@ -2,19 +2,24 @@
 
 Items per step: `state` (step, params, optimizer state; restored with the training shardings) and
 `data_iter` (the grain iterator state as JSON, so a resumed run sees exactly the batches an
-uninterrupted run would). The experiment config sits beside them as `config.json`.
+uninterrupted run would; in a multi-process run {"per_process": [state of process 0, 1, ...]}, each
+process reading its own shard, see `all_process_data_states`). The experiment config sits beside them as `config.json`.
 Orbax writes each step into a temporary directory and renames it when complete, so an interrupted
 save never replaces a good checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 
 STATE = "state"
 DATA_ITER = "data_iter"
@@ -47,6 +52,35 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any, *,
     items[DATA_ITER] = ocp.args.JsonRestore()
   restored = manager.restore(step, args=ocp.args.Composite(**items))
   return restored[STATE], (restored[DATA_ITER] if has_data else None)
+
+
+def all_process_data_states(data_state: dict) -> dict:
+  """The data_iter item to save: this process's iterator state, or in a multi-process run every
+  process's (gathered as JSON bytes; Orbax writes JSON items from process 0 only). Call on every process."""
+  if jax.process_count() == 1:
+    return data_state
+  from jax.experimental import multihost_utils
+  blob = np.frombuffer(json.dumps(data_state).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int32))).reshape(-1)
+  width = -(-int(sizes.max()) // 4096) * 4096  # stable shapes: one small gather program per size class
+  padded = np.zeros((width,), np.uint8)
+  padded[:blob.size] = blob
+  gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), width)
+  return {"per_process": [json.loads(bytes(gathered[i, :sizes[i]]).decode()) for i in range(len(sizes))]}
+
+
+def this_process_data_state(saved: dict | None) -> dict | None:
+  """This process's iterator state from a saved data_iter item, or None (with a warning: the data
+  order restarts) when the checkpoint was written by a different number of processes."""
+  if saved is None:
+    return None
+  per_process = saved.get("per_process") if isinstance(saved, dict) else None
+  count = 1 if per_process is None else len(per_process)
+  if count != jax.process_count():
+    logging.warning("data_iter: the checkpoint holds the data position of %d process(es), this run has %d: "
+                    "the data iterators start from the beginning of their shards", count, jax.process_count())
+    return None
+  return saved if per_process is None else per_process[jax.process_index()]
 
 
 def checkpoint_dir_for_step(manager: ocp.CheckpointManager, step: int) -> Path:

@@ -2,7 +2,9 @@
 
 `sample_from_workdir` is what `sample.py` calls. The model, data and diffusion settings come from the
 run's own `config.json` (the checkpoint must be read with the architecture it was trained with); the
-`sample` group comes from the config given on the command line, when one is given.
+`sample` and `mesh` groups come from the config given on the command line, when one is given: the
+params are restored sharded over that mesh and the sampler runs inside it (`trainer.mesh_context`:
+rows over the batch axes, experts over 'expert' with model.moe_impl='expert_parallel').
 
 Every request is checked before the checkpoint is read or anything is compiled (the sampler
 settings, num_samples, max_new_tokens, infill, and the prompt against sample.max_context), with an
@@ -19,6 +21,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from configs import base
 from dgemma import checkpointing, report, trainer
 from dgemma import config as config_lib
 from dgemma.data import pipeline as data_pipeline
@@ -30,11 +33,14 @@ from dgemma.sampling import (GenerateOutput, LivePrinter, SamplerConfig, check_r
 
 
 def run_config(workdir: str | Path, override: Optional[ml_collections.ConfigDict] = None) -> ml_collections.ConfigDict:
-  """The run's saved config, with `sample` (and `seed`) taken from `override` when given."""
+  """The run's saved config, with `sample` and `mesh` taken from `override` (mesh: the default
+  cpu_host preset when there is no override)."""
   saved_path = Path(workdir) / "config.json"
   if not saved_path.exists():
     raise FileNotFoundError(f"--workdir: {saved_path} not found: is {workdir} a dgemma training workdir?")
   config = config_lib.from_json(saved_path.read_text())
+  # The training mesh may need devices this host lacks: sample on the given (or default) mesh.
+  config.mesh = (override if override is not None else base.get_config()).mesh
   if override is not None:
     config.sample = override.sample
   return config
@@ -72,7 +78,8 @@ def sample_from_workdir(workdir: str, config: Optional[ml_collections.ConfigDict
   else:
     prompt_ids = [tokenizer.bos_id] + tokenizer.encode(config.sample.prompt)
   check_request(sampler_cfg, batch=n, prompt_len=len(prompt_ids), max_new_tokens=max_new)
-  model_cfg, params, step = trainer.load_params(workdir, config, config.sample.checkpoint_step)
+  mesh = trainer.make_mesh(config.mesh)
+  model_cfg, params, step = trainer.load_params(workdir, config, config.sample.checkpoint_step, mesh=mesh)
 
   prompts_BP = np.tile(np.asarray(prompt_ids, np.int32)[None], (n, 1))
   lengths_B = np.full((n,), len(prompt_ids), np.int32)
@@ -81,10 +88,11 @@ def sample_from_workdir(workdir: str, config: Optional[ml_collections.ConfigDict
   if sampler_cfg.show == "live":
     printer = LivePrinter(tokenizer.decode, [config.sample.prompt], total_steps=sampler_cfg.max_denoising_steps,
                           end_ids=sampler_cfg.end_ids)
-  out = generate(Transformer(model_cfg), params, prompts_BP, lengths_B, sampler_cfg,
-                 jax.random.key(config.sample.seed), max_new, return_trajectory=want_traj,
-                 infill_tokens_BN=infill[0], infill_mask_BN=infill[1], step_callback=printer)
-  out = jax.device_get(out)
+  with trainer.mesh_context(mesh, config):
+    out = generate(Transformer(model_cfg), params, prompts_BP, lengths_B, sampler_cfg,
+                   jax.random.key(config.sample.seed), max_new, return_trajectory=want_traj,
+                   infill_tokens_BN=infill[0], infill_mask_BN=infill[1], step_callback=printer)
+    out = jax.device_get(out)
   texts = [tokenizer.decode(out.tokens_BN[b, :out.lengths_B[b]].tolist()) for b in range(n)]
   lines = []
   for b, text in enumerate(texts):

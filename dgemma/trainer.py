@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import math
 import time
 from pathlib import Path
@@ -30,9 +32,9 @@ from dgemma import config as config_lib
 from dgemma import diffusion
 from dgemma.data import pipeline as data_pipeline
 from dgemma.model import ModelConfig, Transformer
+from dgemma.model.sharding import fit_spec_to_shape, unbox
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
-BATCH_AXES = ("data", "fsdp")
 
 
 @flax.struct.dataclass
@@ -64,16 +66,37 @@ def axis_rules(config: ml_collections.ConfigDict) -> tuple:
   return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in config.mesh.axis_rules)
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P(BATCH_AXES))
+def batch_axes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """Mesh axes of the logical 'batch' axis (mesh.axis_rules): the batch of every step is split over them."""
+  for name, axes in axis_rules(config):
+    if name == "batch":
+      return () if axes is None else (tuple(axes) if isinstance(axes, tuple) else (axes,))
+  raise config_lib.ConfigError("mesh.axis_rules: no rule for the logical axis 'batch'")
+
+
+def batch_sharding(mesh: Mesh, config: ml_collections.ConfigDict) -> NamedSharding:
+  return NamedSharding(mesh, P(tuple(a for a in batch_axes(config) if a in mesh.shape)))
+
+
+def mesh_context(mesh: Mesh, config: ml_collections.ConfigDict) -> contextlib.ExitStack:
+  """`with mesh_context(mesh, config):` installs the mesh (`jax.set_mesh`) and the logical axis rules
+  (`nn.logical_axis_rules`): activation constraints and expert parallelism apply inside it."""
+  stack = contextlib.ExitStack()
+  stack.enter_context(jax.set_mesh(mesh))
+  stack.enter_context(nn.logical_axis_rules(axis_rules(config)))
+  return stack
 
 
 def check_batch_fits_mesh(config, mesh: Mesh) -> None:
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  axes = [a for a in batch_axes(config) if a in mesh.shape]
+  shards = math.prod(mesh.shape[a] for a in axes)
   if config.data.batch_size % shards:
     raise config_lib.ConfigError(
         f"data.batch_size: {config.data.batch_size} is not divisible by the {shards} batch shards "
-        f"(mesh data x fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']})")
+        f"(mesh {' x '.join(axes)} = {' x '.join(str(mesh.shape[a]) for a in axes)})")
+  if shards % jax.process_count():
+    raise config_lib.ConfigError(f"mesh.shape: the {shards} batch shards do not split over "
+                                 f"{jax.process_count()} processes (each process feeds its own rows)")
   accum = int(config.opt.grad_accum_steps)
   if config.data.batch_size % (shards * accum):
     raise config_lib.ConfigError(
@@ -142,35 +165,32 @@ def abstract_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer) 
   inputs = init_inputs(model_cfg, config.data.seq_len, config.diffusion.canvas_len)
 
   def init_fn(rng):
-    params = model.init(rng, *inputs)["params"]
+    with nn.logical_axis_rules(()):  # no activation constraints while initialising (out_shardings place params)
+      params = model.init(rng, *inputs)["params"]
     opt_state = optimizer.init(params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
   boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
   mesh_specs = nn.logical_to_mesh(nn.get_partition_spec(boxed), axis_rules(config))
-  unboxed = nn.unbox(boxed)
+  unboxed = unbox(boxed)
   shardings = jax.tree.map(lambda x, spec: NamedSharding(mesh, fit_spec_to_shape(spec, x.shape, mesh)),
                            unboxed, mesh_specs, is_leaf=lambda x: isinstance(x, P))
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), unboxed, shardings)
   return init_fn, abstract, shardings
 
 
-def fit_spec_to_shape(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
-  """Drops mesh axes from dimensions they do not divide (e.g. 1 global KV head over tensor=2): that
-  dimension is replicated instead, so every preset runs on every mesh."""
-  fitted = []
-  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-    names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
-    kept = tuple(a for a in names if a in mesh.shape)
-    if kept and dim % math.prod(mesh.shape[a] for a in kept):
-      kept = ()
-    fitted.append(None if not kept else (kept[0] if len(kept) == 1 else kept))
-  return P(*fitted)
+def param_partition_specs(model_cfg: ModelConfig, config, mesh: Mesh) -> dict[str, str]:
+  """{parameter path: its PartitionSpec on `mesh`} as strings, from the logical axis names and
+  config.mesh.axis_rules (jax.eval_shape: nothing is allocated). tests/golden/partition_specs.json."""
+  optimizer = optax.sgd(1.0)  # stateless: only the params' shardings are wanted
+  _, abstract, _ = abstract_train_state(model_cfg, config, mesh, optimizer)
+  return {jax.tree_util.keystr(path): str(leaf.sharding.spec)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(abstract.params)}
 
 
 def create_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer, rng) -> tuple[TrainState, Any]:
   init_fn, _, shardings = abstract_train_state(model_cfg, config, mesh, optimizer)
-  state = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=shardings)(rng)
+  state = jax.jit(lambda r: unbox(init_fn(r)), out_shardings=shardings)(rng)
   return state, shardings
 
 
@@ -311,6 +331,45 @@ def state_from_params_checkpoint(path: str, optimizer, abstract_state, shardings
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
 
+# ---- multi-process ------------------------------------------------------------------------------
+
+DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+def init_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                     process_id: int | None = None) -> bool:
+  """`jax.distributed.initialize` for a multi-process run; returns whether it was called.
+
+  Each argument left None is read from $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID.
+  Nothing set: a single-process run (no call). num_processes == 0: initialize() without arguments,
+  for clusters JAX detects itself (SLURM, Open MPI, TPU pods). Must run before anything touches a
+  device. On CPU the cross-process collectives use gloo ($JAX_CPU_COLLECTIVES_IMPLEMENTATION, the
+  default of this JAX version).
+  """
+  env = {k: os.environ.get(k) for k in DISTRIBUTED_ENV}
+  coordinator_address = coordinator_address or env["JAX_COORDINATOR_ADDRESS"]
+  if num_processes is None and env["JAX_NUM_PROCESSES"]:
+    num_processes = int(env["JAX_NUM_PROCESSES"])
+  if process_id is None and env["JAX_PROCESS_ID"]:
+    process_id = int(env["JAX_PROCESS_ID"])
+  if num_processes == 0:  # cluster auto-detection
+    jax.distributed.initialize()
+    return True
+  if coordinator_address is None and num_processes is None and process_id is None:
+    return False
+  missing = [name for name, v in (("coordinator_address", coordinator_address), ("num_processes", num_processes),
+                                  ("process_id", process_id)) if v is None]
+  if missing:
+    raise ValueError(f"--{missing[0]}: a multi-process run needs --coordinator_address, --num_processes and "
+                     f"--process_id (or $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID); "
+                     f"missing {', '.join(missing)}")
+  if not 0 <= process_id < num_processes:
+    raise ValueError(f"--process_id: {process_id} not in [0, --num_processes={num_processes})")
+  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                             process_id=process_id)
+  return True
+
+
 def prepare_data(config):
   """Builds the dataset and tokenizer once (process 0 first on multi-host runs), then opens them."""
   if jax.process_count() > 1:
@@ -334,7 +393,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
   workdir_path.mkdir(parents=True, exist_ok=True)
   mesh = make_mesh(config.mesh)
   check_batch_fits_mesh(config, mesh)
+  with mesh_context(mesh, config):  # activation constraints and expert parallelism apply inside
+    return _train(config, workdir_path, model_cfg, mesh, stop_after_steps)
 
+
+def _train(config, workdir_path: Path, model_cfg: ModelConfig, mesh: Mesh, stop_after_steps: int | None) -> TrainState:
   prepared = prepare_data(config)
   if prepared.tokenizer.vocab_size > model_cfg.vocab_size:
     raise config_lib.ConfigError(f"model.vocab_size: {model_cfg.vocab_size} is smaller than the tokenizer's "
@@ -346,18 +409,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
   schedule = make_schedule(config.opt, num_steps)
   optimizer = make_optimizer(config.opt, num_steps)
   _, abstract_state, state_shardings = abstract_train_state(model_cfg, config, mesh, optimizer)
-  data_sharding = batch_sharding(mesh)
+  data_sharding = batch_sharding(mesh, config)
 
-  manager = checkpointing.make_manager(workdir, keep=config.train.keep_checkpoints,
+  manager = checkpointing.make_manager(workdir_path, keep=config.train.keep_checkpoints,
                                        async_save=config.train.async_checkpointing)
   train_iter = data_pipeline.make_iterator(config, prepared, "train", shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
   latest = manager.latest_step()
   if latest is not None:
     state, data_state = checkpointing.restore(manager, latest, abstract_state)
+    data_state = checkpointing.this_process_data_state(data_state)
     if data_state is not None:
       train_iter.set_state(data_state)
-    logging.info("Resumed from step %d (%s)", latest, checkpointing.checkpoint_dir(workdir))
+    logging.info("Resumed from step %d (%s)", latest, checkpointing.checkpoint_dir(workdir_path))
   elif config.train.init_from:
     state = state_from_params_checkpoint(config.train.init_from, optimizer, abstract_state, state_shardings)
   else:
@@ -405,7 +469,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
                                   data_sharding, eval_rng), prefix="eval")
       window_start = time.perf_counter()  # do not count evaluation in tokens/s
     if done % config.train.ckpt_every == 0 or done == end_step:
-      checkpointing.save(manager, done, state, train_iter.get_state())
+      checkpointing.save(manager, done, state, checkpointing.all_process_data_states(train_iter.get_state()))
   manager.wait_until_finished()
   manager.close()
   writer.close()
@@ -414,8 +478,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, stop_
   return state
 
 
-def load_params(workdir: str, config: ml_collections.ConfigDict, step: int = -1) -> tuple[ModelConfig, Any, int]:
-  """Restores the params of a training run (latest step when step < 0) onto one host's devices."""
+def load_params(workdir: str, config: ml_collections.ConfigDict, step: int = -1,
+                mesh: Mesh | None = None) -> tuple[ModelConfig, Any, int]:
+  """Restores the params of a training run (latest step when step < 0) onto `mesh`, sharded by
+  config.mesh.axis_rules (default: replicated over this host's devices)."""
   model_cfg = config_lib.validate(config)
   ckpt_root = checkpointing.checkpoint_dir(workdir)
   if not ckpt_root.is_dir():
@@ -427,7 +493,8 @@ def load_params(workdir: str, config: ml_collections.ConfigDict, step: int = -1)
   if step >= 0 and step not in steps:
     raise FileNotFoundError(f"sample.checkpoint_step: step {step} not in {ckpt_root} (have {sorted(steps)})")
   step = max(steps) if step < 0 else step
-  mesh = make_mesh(ml_collections.ConfigDict(dict(shape=dict(data=-1, fsdp=1, expert=1, tensor=1))))
+  if mesh is None:
+    mesh = make_mesh(ml_collections.ConfigDict(dict(shape=dict(data=-1, fsdp=1, expert=1, tensor=1))))
   optimizer = make_optimizer(config.opt, int(config.train.num_steps))
   _, abstract_state, _ = abstract_train_state(model_cfg, config, mesh, optimizer)
   state, _ = checkpointing.restore(manager, step, abstract_state, with_data=False)

@@ -9,6 +9,7 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -94,8 +95,17 @@ def test_router_topk_renormalised_and_scaled():
   np.testing.assert_allclose(unscaled, sel / sel.sum(-1, keepdims=True), rtol=1e-5)
 
 
+def _one_device_mesh_context():
+  """A 1-device mesh with all four axes installed, so moe_impl='expert_parallel' runs its shard_map /
+  all_to_all code (over an expert axis of size 1) rather than falling back to 'ragged'."""
+  from configs.mesh import cpu_host
+  from dgemma import trainer
+  config = ml_collections.ConfigDict(dict(mesh=cpu_host.get_config()))
+  return trainer.mesh_context(trainer.make_mesh(config.mesh, devices=jax.devices()[:1]), config)
+
+
 def test_ragged_equals_dense_equals_loop_with_grads():
-  cfg_r, cfg_d = _cfg(moe_impl="ragged"), _cfg(moe_impl="dense")
+  cfg_r, cfg_d, cfg_e = _cfg(moe_impl="ragged"), _cfg(moe_impl="dense"), _cfg(moe_impl="expert_parallel")
   p = _params(cfg_r)
   x, xn = _inputs(cfg_r)
   valid = jnp.ones((B, T), bool)
@@ -107,6 +117,11 @@ def test_ragged_equals_dense_equals_loop_with_grads():
   ref = _loop_reference(cfg_r, p, x, xn)
   np.testing.assert_allclose(out_r, ref, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(out_d, ref, rtol=1e-5, atol=1e-5)
+  # Expert-parallel dispatch (send buffer, all_to_all, ragged_dot over received rows, return) on one
+  # device: the same tokens as the loop; multi-device expert meshes are in test_train.py.
+  with _one_device_mesh_context():
+    out_e = run(cfg_e)(p, x, xn)
+  np.testing.assert_allclose(out_e, ref, rtol=1e-5, atol=1e-5)
 
   proj = jnp.asarray(np.random.default_rng(2).normal(size=(B, T, cfg_r.d_model)), jnp.float32)
 
@@ -116,6 +131,9 @@ def test_ragged_equals_dense_equals_loop_with_grads():
 
   g_r, g_d = grads(cfg_r), grads(cfg_d)
   chex.assert_trees_all_close(g_r, g_d, rtol=1e-4, atol=1e-5)
+  with _one_device_mesh_context():
+    g_e = grads(cfg_e)
+  chex.assert_trees_all_close(g_e, g_d, rtol=1e-4, atol=1e-5)
   # Every parameter and both inputs receive gradient (router through the top-k weights).
   for leaf in jax.tree.leaves(g_r):
     assert float(jnp.abs(leaf).max()) > 0

@@ -105,61 +105,147 @@ def test_interrupted_run_resumes_exactly(tiny_config, tmp_path):
 
 _MULTI_DEVICE_SCRIPT = r"""
 import json, sys
-import jax, numpy as np
+import jax, jax.numpy as jnp, numpy as np
 sys.path.insert(0, sys.argv[1])
 from tests.conftest import write_corpus
+from tests.golden import make_partition_specs
 from pathlib import Path
 from configs import tiny_test
 from dgemma import trainer, diffusion
 from dgemma import config as config_lib
 from dgemma.data import pipeline
+from dgemma.model import Transformer
+from dgemma.model.moe import experts_dense, experts_expert_parallel
+from dgemma.sampling import SamplerConfig, generate
 assert jax.device_count() == 8, jax.devices()
 tmp = Path(sys.argv[2])
+out = {"specs": make_partition_specs.compute()}  # golden PartitionSpecs of every parameter, per preset
 config = tiny_test.get_config()
 config.data.source = "files"
 config.data.files = (str(write_corpus(tmp / "toy.txt")),)
 config.data.cache_dir = str(tmp / "cache")
 config.data.batch_size = 8
-model_cfg = config_lib.validate(config)
+config.diffusion.self_cond_prob = 0.0  # one decoder pass: a smaller program to compile per mesh
 prepared = pipeline.prepare(config)
 batch = next(pipeline.make_iterator(config, prepared, "train"))
 loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
 optimizer = trainer.make_optimizer(config.opt, 10)
 schedule = trainer.make_schedule(config.opt, 10)
+flat = lambda tree: [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+arrays, states = {}, {}
+# (name, mesh, moe_impl): data + FSDP, tensor, expert-parallel and mixed meshes against one device.
+cases = [("1dev", dict(data=1, fsdp=1, expert=1, tensor=1), "ragged"),
+         ("data_fsdp", dict(data=2, fsdp=4, expert=1, tensor=1), "ragged"),
+         ("tensor", dict(data=2, fsdp=1, expert=1, tensor=4), "ragged"),
+         ("expert", dict(data=2, fsdp=1, expert=4, tensor=1), "expert_parallel"),
+         ("mixed", dict(data=1, fsdp=2, expert=2, tensor=2), "expert_parallel")]
 results = {}
-for name, shape in [("1dev", dict(data=1, fsdp=1, expert=1, tensor=1)),
-                    ("data8", dict(data=8, fsdp=1, expert=1, tensor=1)),
-                    ("mixed", dict(data=2, fsdp=2, expert=1, tensor=2))]:
+import time
+t0 = time.time()
+for name, shape, impl in cases:
+  print(f"[{time.time() - t0:.0f}s] {name}", file=sys.stderr, flush=True)
   config.mesh.shape.update(shape)
+  config.model.moe_impl = impl
+  model_cfg = config_lib.validate(config)
   devices = jax.devices()[:1] if name == "1dev" else jax.devices()
   mesh = trainer.make_mesh(config.mesh, devices=devices)
-  state, shardings = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
-  step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, schedule),
-                 in_shardings=(shardings, trainer.batch_sharding(mesh), None), out_shardings=(shardings, None))
-  with mesh:
-    dbatch = trainer.device_batch(batch, trainer.batch_sharding(mesh))
+  data_sharding = trainer.batch_sharding(mesh, config)
+  with trainer.mesh_context(mesh, config):
+    if name == "1dev":
+      state, shardings = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
+      init_state = jax.device_get(state)
+    else:  # the same initial state placed on this mesh (one init compile for all meshes)
+      _, _, shardings = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
+      state = jax.device_put(init_state, shardings)
+    step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, schedule),
+                   in_shardings=(shardings, data_sharding, None), out_shardings=(shardings, None))
+    dbatch = trainer.device_batch(batch, data_sharding)
+    hlo = step.lower(state, dbatch, jax.random.PRNGKey(3)).as_text()
     for _ in range(2):
       state, metrics = step(state, dbatch, jax.random.PRNGKey(3))
-  leaves = jax.tree.leaves(jax.device_get(state.params))
+  experts = state.params["blocks"]["layer_0"]["moe"]["experts"]["gate_proj"]
   results[name] = dict(loss=float(metrics["loss"]), grad_norm=float(metrics["grad_norm"]),
-                       params=float(sum(np.abs(l).sum() for l in leaves)),
-                       n_shards=len(jax.tree.leaves(state.params)[0].sharding.device_set))
-print(json.dumps(results))
+                       all_to_all="all_to_all" in hlo,
+                       expert_shard=list(experts.addressable_shards[0].data.shape), expert_global=list(experts.shape),
+                       batch_shard=list(dbatch["tokens"].addressable_shards[0].data.shape))
+  arrays[name] = dict(mu=flat(state.opt_state[1][0].mu), params=flat(state.params))
+  states[name] = (state.params, model_cfg)
+np.savez(tmp / "arrays.npz", **{f"{n}/{k}/{i}": a for n, d in arrays.items() for k, v in d.items() for i, a in enumerate(v)})
+out["train"] = results
+
+# Expert-parallel dispatch with a token count that needs padding (37 tokens over 8 shards).
+g = np.random.default_rng(0)
+E, D, F, T, k = 8, 16, 8, 37, 3
+x, w = jnp.asarray(g.normal(size=(T, D)), jnp.float32), jnp.asarray(g.uniform(size=(T, k)), jnp.float32)
+wts = [jnp.asarray(g.normal(size=s) * 0.3, jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D))]
+idx = jnp.asarray(np.stack([g.choice(E, k, replace=False) for _ in range(T)]), jnp.int32)
+config.mesh.shape.update(dict(data=1, fsdp=1, expert=8, tensor=1))
+with trainer.mesh_context(trainer.make_mesh(config.mesh), config):
+  ep = jax.jit(lambda *a: experts_expert_parallel(*a, jnp.float32))(x, *wts, w, idx)
+out["ep_padded_err"] = float(jnp.max(jnp.abs(ep - experts_dense(x, *wts, w, idx, jnp.float32))))
+
+print(f"[{time.time() - t0:.0f}s] sampling", file=sys.stderr, flush=True)
+# Sharded sampling: the batch over data, experts over expert (all-to-all), same tokens as one device.
+sampler_cfg = SamplerConfig.from_config(config)
+prompts = np.array([[2, 70, 80, 90, 100], [2, 71, 81, 0, 0]], np.int32)
+lengths = np.array([5, 3], np.int32)
+tokens = {}
+for name in ("1dev", "expert"):
+  params, model_cfg = states["1dev"][0], states[name][1]
+  config.mesh.shape.update([c[1] for c in cases if c[0] == name][0])
+  mesh = trainer.make_mesh(config.mesh, devices=jax.devices()[:1] if name == "1dev" else jax.devices())
+  with trainer.mesh_context(mesh, config):
+    _, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
+    params = jax.device_put(jax.device_get(params), jax.tree.map(lambda a: a.sharding, abstract.params))
+    res = generate(Transformer(model_cfg), params, jax.device_put(prompts, trainer.batch_sharding(mesh, config)),
+                   lengths, sampler_cfg, jax.random.key(5), 16)
+  tokens[name] = np.asarray(res.tokens_BN).tolist()
+out["sample"] = tokens
+print(json.dumps(out))
 """
 
 
 def test_eight_virtual_devices_match_one_device(tmp_path):
+  """One subprocess with 8 virtual CPU devices (shared startup and compiles):
+  - golden PartitionSpecs of every parameter under each mesh preset (tests/golden/partition_specs.json,
+    regenerate with `python tests/golden/make_partition_specs.py`);
+  - 2 training steps on data + FSDP, tensor, expert-parallel and mixed meshes give the 1-device loss,
+    gradient norm, Adam first moments (= gradients mixed over 2 steps) and parameters;
+  - expert-parallel dispatch with padding equals the dense reference; sharded sampling gives the
+    1-device tokens."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_COMPILE_XLA_FLAGS}")
   out = subprocess.run([sys.executable, "-c", _MULTI_DEVICE_SCRIPT, str(REPO), str(tmp_path)], env=env,
                        capture_output=True, text=True, timeout=600, cwd=REPO)
   assert out.returncode == 0, out.stderr[-4000:]
   res = json.loads(out.stdout.strip().splitlines()[-1])
-  for name in ("data8", "mixed"):
+  golden = json.loads((REPO / "tests" / "golden" / "partition_specs.json").read_text())
+  assert res["specs"] == golden
+  assert golden["gpu8_expert"]["['blocks']['layer_0']['moe']['experts']['gate_proj']"] == "P(None, 'expert', None, None)"
+
+  train = res["train"]
+  arrays = np.load(tmp_path / "arrays.npz")
+  leaves = lambda name, kind: [arrays[k] for k in sorted((k for k in arrays if k.startswith(f"{name}/{kind}/")),
+                                                         key=lambda k: int(k.rsplit("/", 1)[1]))]
+  mu_ref, params_ref = leaves("1dev", "mu"), leaves("1dev", "params")
+  mu_scale = np.sqrt(sum(np.sum(np.square(m)) for m in mu_ref))
+  for name in ("data_fsdp", "tensor", "expert", "mixed"):
     # Same math, different reduction order across devices: fp32 round-off only.
-    np.testing.assert_allclose(res[name]["loss"], res["1dev"]["loss"], rtol=1e-5)
-    np.testing.assert_allclose(res[name]["grad_norm"], res["1dev"]["grad_norm"], rtol=1e-4)
-    np.testing.assert_allclose(res[name]["params"], res["1dev"]["params"], rtol=1e-5)
+    np.testing.assert_allclose(train[name]["loss"], train["1dev"]["loss"], rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(train[name]["grad_norm"], train["1dev"]["grad_norm"], rtol=1e-4, err_msg=name)
+    # Gradients: every Adam first moment within 1e-4 of the global gradient scale; params within
+    # 1e-6 absolute (two Adam steps of lr 1e-3 move a weight by ~1e-3 whatever the round-off).
+    for i, (m, m_ref) in enumerate(zip(leaves(name, "mu"), mu_ref)):
+      assert np.linalg.norm(m - m_ref) <= 1e-4 * mu_scale, (name, i)
+    for p, p_ref in zip(leaves(name, "params"), params_ref):
+      np.testing.assert_allclose(p, p_ref, atol=1e-6, rtol=0, err_msg=name)
+  # The meshes really split the work: the batch over data x fsdp x expert, the experts over expert
+  # (exchanged by all-to-all), expert_mlp over tensor.
+  assert train["data_fsdp"]["batch_shard"][0] == 1 and train["expert"]["batch_shard"][0] == 1
+  assert train["expert"]["all_to_all"] and train["mixed"]["all_to_all"] and not train["tensor"]["all_to_all"]
+  assert train["expert"]["expert_shard"] == [2, 1, 64, 32] and train["mixed"]["expert_shard"] == [2, 2, 32, 16]
+  assert res["ep_padded_err"] < 1e-5
+  assert res["sample"]["expert"] == res["sample"]["1dev"]
 
 
 def test_train_py_end_to_end(tiny_config, tmp_path):

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model import layers
+from dgemma.model.sharding import constrain
 
 _NEG = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -153,7 +154,8 @@ class Attention(nn.Module):
       cache_v = jax.lax.dynamic_update_slice(cache_v, v_BTKH.astype(cache_v.dtype), idx)
       keys, values, new_kv = cache_k.astype(dtype), cache_v.astype(dtype), (cache_k, cache_v)
 
-    out_BTNH = attend(q_BTNH, keys, values, mask_BTS, dtype)
+    q_BTNH = constrain(q_BTNH, ("batch", "act_length", "act_heads", "head_dim"))
+    out_BTNH = constrain(attend(q_BTNH, keys, values, mask_BTS, dtype), ("batch", "act_length", "act_heads", "head_dim"))
     out_BTD = layers.Einsum((N, H, D), "btnh,nhd->btd", ("heads", "head_dim", "embed"), name="o_proj",
                             **kw)(out_BTNH)
     return out_BTD, new_kv

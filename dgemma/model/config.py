@@ -14,6 +14,7 @@ from typing import Any, Mapping
 SLIDING = "sliding"
 GLOBAL = "global"
 LAYER_KINDS = (SLIDING, GLOBAL)
+MOE_IMPLS = ("ragged", "dense", "expert_parallel")
 
 
 class ConfigError(ValueError):
@@ -40,7 +41,8 @@ class ModelConfig:
     final_logit_softcap: logits = c * tanh(logits / c); 0 disables.
     rms_eps: RMSNorm epsilon.
     self_conditioning: whether the decoder has the self-conditioning module.
-    moe_impl: 'ragged' (sorted tokens + jax.lax.ragged_dot) or 'dense' (all experts, test reference).
+    moe_impl: 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts, test reference) or
+      'expert_parallel' (experts sharded over the mesh axis 'expert', all-to-all token exchange).
     scan_layers: apply repeated layer-pattern blocks with `nn.scan` over stacked weights.
     remat: rematerialisation policy name for each block ('none', 'full', 'dots').
     dtype / param_dtype: compute and storage dtypes ('float32', 'bfloat16').
@@ -109,7 +111,7 @@ class ModelConfig:
       need(0 < self.experts_per_token <= self.num_experts, "experts_per_token",
            f"must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}")
       need(self.expert_hidden > 0, "expert_hidden", "must be positive")
-    need(self.moe_impl in ("ragged", "dense"), "moe_impl", f"{self.moe_impl!r} not in ('ragged', 'dense')")
+    need(self.moe_impl in MOE_IMPLS, "moe_impl", f"{self.moe_impl!r} not in {MOE_IMPLS}")
     need(self.remat in ("none", "full", "dots"), "remat", f"{self.remat!r} not in ('none', 'full', 'dots')")
     for name in ("dtype", "param_dtype"):
       need(getattr(self, name) in ("float32", "bfloat16", "float16"), name,

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from dgemma.model.config import GLOBAL, ModelConfig
+from dgemma.model.sharding import constrain
 
 Dtype = Any
 
@@ -107,7 +108,8 @@ class GeGLU(nn.Module):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     gate_BTF = Einsum((D, F), "...d,df->...f", ("embed", "mlp"), name="gate_proj", **kw)(x_BTD)
     up_BTF = Einsum((D, F), "...d,df->...f", ("embed", "mlp"), name="up_proj", **kw)(x_BTD)
-    return Einsum((F, D), "...f,fd->...d", ("mlp", "embed"), name="down_proj", **kw)(gelu(gate_BTF) * up_BTF)
+    h_BTF = constrain(gelu(gate_BTF) * up_BTF, ("batch", "act_length", "act_mlp"))
+    return Einsum((F, D), "...f,fd->...d", ("mlp", "embed"), name="down_proj", **kw)(h_BTF)
 
 
 # ---- RoPE ---------------------------------------------------------------------------------------

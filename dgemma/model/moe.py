@@ -1,19 +1,25 @@
 """Mixture-of-experts branch: router (HF `DiffusionGemmaTextRouter`) and GeGLU experts.
 
-Two interchangeable expert implementations (`cfg.moe_impl`):
-  'ragged': dropless. The T*k (token, slot) pairs are sorted by expert id and run through
+Interchangeable expert implementations (`cfg.moe_impl`), all dropless:
+  'ragged': the T*k (token, slot) pairs are sorted by expert id and run through
             `jax.lax.ragged_dot` with per-expert group sizes, then unsorted and combined.
   'dense':  every expert on every token, combined with a dense [T, E] weight matrix (test reference).
+  'expert_parallel': experts sharded over the mesh axis 'expert', tokens exchanged with
+            `jax.lax.all_to_all` inside `jax.shard_map` (`experts_expert_parallel`); 'ragged' when
+            no mesh is installed (`jax.set_mesh`, see dgemma.trainer.mesh_context).
 """
 
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from dgemma.model.config import ModelConfig
-from dgemma.model import layers
+from dgemma.model import layers, sharding
 
 
 class Router(nn.Module):
@@ -69,6 +75,94 @@ def experts_ragged(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype
   return jnp.sum(y_TkD.astype(jnp.float32) * weights_Tk[..., None], axis=1).astype(dtype)
 
 
+def _dispatch_local(x_MD, dest_M, local_expert_M, num_dest: int):
+  """Scatters the M (token, slot) rows into a [num_dest, M, D] send buffer, row (d, j) = the j-th row
+  bound for device d. Capacity M per destination = the worst case (every row to one device), so
+  nothing is ever dropped. Returns (send_NMD, send_expert_NM (local expert id, -1 = empty), pos_M)."""
+  M = x_MD.shape[0]
+  order_M = jnp.argsort(dest_M, stable=True)
+  counts_N = jnp.bincount(dest_M, length=num_dest)
+  starts_N = (jnp.cumsum(counts_N) - counts_N).astype(jnp.int32)
+  pos_sorted_M = jnp.arange(M, dtype=jnp.int32) - starts_N[dest_M[order_M]]
+  pos_M = jnp.zeros((M,), jnp.int32).at[order_M].set(pos_sorted_M)  # slot of each row in its destination
+  send_NMD = jnp.zeros((num_dest, M, x_MD.shape[1]), x_MD.dtype).at[dest_M, pos_M].set(x_MD)
+  send_expert_NM = jnp.full((num_dest, M), -1, jnp.int32).at[dest_M, pos_M].set(local_expert_M)
+  return send_NMD, send_expert_NM, pos_M
+
+
+def _local_experts(recv_RD, expert_R, gate_LDF, up_LDF, down_LFD, dtype):
+  """GeGLU of the local experts over received rows (expert -1 = empty slot, output 0), with
+  ragged_dot over rows sorted by local expert (the empty rows sort last, outside every group)."""
+  L = gate_LDF.shape[0]
+  key_R = jnp.where(expert_R < 0, L, expert_R)
+  order_R = jnp.argsort(key_R, stable=True)
+  group_sizes_L = jnp.bincount(key_R, length=L + 1)[:L].astype(jnp.int32)
+  xs_RD = recv_RD.astype(dtype)[order_R]
+  g_RF = jax.lax.ragged_dot(xs_RD, gate_LDF.astype(dtype), group_sizes_L)
+  u_RF = jax.lax.ragged_dot(xs_RD, up_LDF.astype(dtype), group_sizes_L)
+  y_RD = jax.lax.ragged_dot(layers.gelu(g_RF) * u_RF, down_LFD.astype(dtype), group_sizes_L)
+  y_RD = y_RD[jnp.argsort(order_R)]
+  return jnp.where((expert_R >= 0)[:, None], y_RD, 0)
+
+
+def experts_expert_parallel(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype):
+  """Dropless expert parallelism (GShard / Switch all-to-all dispatch, without a capacity factor).
+
+  Inside `jax.shard_map` over the context mesh, each device holds E / n experts (n = size of the
+  'expert' axis) and T / (batch shards * n) tokens (the token axis is split over the logical 'batch'
+  axes plus 'expert'). Per device:
+    1. its M = t * k (token, slot) rows go into a [n, M, D] send buffer by destination device
+       (owner = expert // (E / n)); 2. `all_to_all` over 'expert'; 3. ragged_dot of the local experts
+       on the n * M received rows; 4. `all_to_all` back; 5. gather, weight and sum the k slots.
+  With 'expert_mlp' sharded over 'tensor' each device computes a slice of F and the results are
+  summed over 'tensor' (`psum`). Memory: the send / receive buffers hold n * M rows per device
+  (worst case: every row to one device), n times the M rows a capacity-limited dispatch would
+  need; this buys the guarantee that no token is dropped. `jax.lax.ragged_all_to_all` would send
+  only the real rows but still needs an n * M receive buffer to be dropless.
+  Without a context mesh this is `experts_ragged` (same math on one device).
+  """
+  mesh = sharding.context_mesh()
+  if mesh is None or "expert" not in mesh.shape:
+    return experts_ragged(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype)
+  T, D = x_TD.shape
+  E, F = gate_EDF.shape[0], gate_EDF.shape[2]
+  n = mesh.shape["expert"]
+  if E % n:
+    raise ValueError(f"model.num_experts: {E} experts do not split over mesh.shape.expert={n} devices "
+                     "(moe_impl='expert_parallel' needs num_experts % expert == 0)")
+  L = E // n
+  tok_axes = tuple(a for a in sharding.mesh_axes_of("batch") if a in mesh.shape and a != "expert") + ("expert",)
+  shards = math.prod(mesh.shape[a] for a in tok_axes)
+  pad = -T % shards  # pad the token axis to whole shards; padded rows get weight 0 and are cut below
+  if pad:
+    x_TD = jnp.pad(x_TD, ((0, pad), (0, 0)))
+    weights_Tk = jnp.pad(weights_Tk, ((0, pad), (0, 0)))
+    index_Tk = jnp.pad(index_Tk, ((0, pad), (0, 0)))
+  tp = "tensor" if "tensor" in mesh.shape and mesh.shape["tensor"] > 1 and F % mesh.shape["tensor"] == 0 else None
+
+  def per_device(x_tD, w_tk, idx_tk, gate_LDF, up_LDF, down_LFD):
+    t, k = idx_tk.shape
+    expert_M = idx_tk.reshape(-1)
+    send_NMD, send_expert_NM, pos_M = _dispatch_local(x_tD.astype(dtype)[jnp.arange(t * k) // k],
+                                                      expert_M // L, expert_M % L, n)
+    recv_NMD = jax.lax.all_to_all(send_NMD, "expert", 0, 0)
+    recv_expert_NM = jax.lax.all_to_all(send_expert_NM, "expert", 0, 0)
+    y_RD = _local_experts(recv_NMD.reshape(-1, D), recv_expert_NM.reshape(-1), gate_LDF, up_LDF, down_LFD, dtype)
+    back_NMD = jax.lax.all_to_all(y_RD.reshape(n, -1, D), "expert", 0, 0)
+    y_tkD = back_NMD[expert_M // L, pos_M].reshape(t, k, D)
+    out_tD = jnp.sum(y_tkD.astype(jnp.float32) * w_tk[..., None], axis=1)
+    if tp is not None:
+      out_tD = jax.lax.psum(out_tD, tp)  # partial sums over the F slices
+    return out_tD.astype(dtype)
+
+  tokens = P(tok_axes)
+  out_TD = jax.shard_map(
+      per_device, mesh=mesh,
+      in_specs=(tokens, tokens, tokens, P("expert", None, tp), P("expert", None, tp), P("expert", tp, None)),
+      out_specs=tokens)(x_TD, weights_Tk, index_Tk, gate_EDF, up_EDF, down_EFD)
+  return out_TD[:T]
+
+
 class Experts(nn.Module):
   """E GeGLU experts; weights are plain arrays gate_proj/up_proj [E, D, Fe], down_proj [E, Fe, D]."""
 
@@ -82,7 +176,7 @@ class Experts(nn.Module):
     gate = self.param("gate_proj", layers.matrix_init(("expert", "embed", "expert_mlp")), (E, D, F), pdtype)
     up = self.param("up_proj", layers.matrix_init(("expert", "embed", "expert_mlp")), (E, D, F), pdtype)
     down = self.param("down_proj", layers.matrix_init(("expert", "expert_mlp", "embed")), (E, F, D), pdtype)
-    fn = experts_ragged if cfg.moe_impl == "ragged" else experts_dense
+    fn = {"ragged": experts_ragged, "dense": experts_dense, "expert_parallel": experts_expert_parallel}[cfg.moe_impl]
     return fn(x_TD, gate, up, down, weights_Tk, index_Tk, layers.compute_dtype(cfg))
 
 

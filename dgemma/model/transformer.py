@@ -65,6 +65,11 @@ from dgemma.model.attention import Attention, decoder_masks, encoder_masks
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model import layers
 from dgemma.model.moe import MoE
+from dgemma.model.sharding import constrain, unbox
+
+# Logical axes of the residual stream and the logits (mesh.axis_rules; no-ops without a mesh context).
+RESIDUAL_AXES = ("batch", "act_length", "act_embed")
+LOGITS_AXES = ("batch", "act_length", "act_vocab")
 
 
 @struct.dataclass
@@ -146,7 +151,7 @@ class Layer(nn.Module):
       m_BTD = m_BTD + norm("moe_post_norm")(e_BTD)
     x_BTD = x_BTD + norm("ffw_post_norm")(m_BTD)
     scalar = self.param("layer_scalar", layers.ones_init(("norm",)), (1,), pdtype)
-    return x_BTD * scalar.astype(x_BTD.dtype), new_kv, aux
+    return constrain(x_BTD * scalar.astype(x_BTD.dtype), RESIDUAL_AXES), new_kv, aux
 
 
 class Block(nn.Module):
@@ -250,7 +255,7 @@ class Transformer(nn.Module):
 
   # ---- helpers --------------------------------------------------------------------------------
   def _logits(self, x_BTD):
-    logits = self.embedder.attend(self.final_norm(x_BTD)).astype(jnp.float32)
+    logits = constrain(self.embedder.attend(self.final_norm(x_BTD)).astype(jnp.float32), LOGITS_AXES)
     c = self.cfg.final_logit_softcap
     return c * jnp.tanh(logits / c) if c else logits
 
@@ -277,7 +282,7 @@ class Transformer(nn.Module):
     seg_BS = jax.lax.dynamic_update_slice(cache.segment_ids_BS, segment_ids_BT, (0, start))
     slide, glob = encoder_masks(cfg, positions_BT, segment_ids_BT, pos_BS, seg_BS, start)
     ctx = _Ctx(positions_BT, slide, glob, start, segment_ids_BT != 0, decode=False)
-    x_BTD = self.embedder.encode(tokens_BT)
+    x_BTD = constrain(self.embedder.encode(tokens_BT), RESIDUAL_AXES)
     # No-op unless a 'perturbations' collection is passed: lets tests take d(output)/d(input embedding).
     x_BTD = self.perturb("encoder_inputs", x_BTD)
     x_BTD, ((ks, vs), aux) = self.blocks(x_BTD, (cache.k, cache.v), ctx)
@@ -311,7 +316,7 @@ class Transformer(nn.Module):
     slide, glob = decoder_masks(cfg, positions_BC, segment_ids_BC, cache.positions_BS,
                                 cache.segment_ids_BS, cache.length, num_canvases)
     ctx = _Ctx(positions_BC, slide, glob, cache.length, segment_ids_BC != 0, decode=True)
-    x_BCD = self.perturb("decoder_inputs", x_BCD)
+    x_BCD = constrain(self.perturb("decoder_inputs", x_BCD), RESIDUAL_AXES)
     x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)
     self._sow_aux(aux)
     return self._logits(x_BCD)
@@ -333,7 +338,7 @@ def param_shapes(cfg: ModelConfig) -> Any:
   model = Transformer(cfg)
   tok = jnp.zeros((1, 1), jnp.int32)
   variables = jax.eval_shape(lambda: model.init(jax.random.key(0), tok, tok, tok, tok, tok, tok))
-  return nn.unbox(variables["params"])
+  return unbox(variables["params"])
 
 
 def count_params(cfg: ModelConfig) -> dict[str, int]:

@@ -1,0 +1,74 @@
+"""Logical-axis sharding helpers shared by the model and the trainer.
+
+Parameters carry logical axis names (`layers.matrix_init`); activations are constrained with
+`constrain(x, ('batch', 'act_length', 'act_embed'))`. Logical names become mesh axes through the
+rules in `config.mesh.axis_rules` (installed by `trainer.mesh_context` with `nn.logical_axis_rules`)
+and the mesh installed with `jax.set_mesh`. Outside such a context (plain `jax.jit` on one device,
+the tests of single modules) every helper here is a no-op, so the same model code runs everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+from jax.sharding import PartitionSpec as P
+
+
+def fit_spec_to_shape(spec: P, shape: tuple[int, ...], mesh) -> P:
+  """Drops mesh axes from dimensions they do not divide, so every preset runs on every mesh: a
+  dimension keeps the longest leading run of its axes whose sizes multiply to a divisor (1 global KV
+  head over tensor=2 -> replicated; 2 sampled rows over (data=2, fsdp=2, expert=4) -> data only).
+  Axes of size 1 are left out (they split nothing), so specs show only the real splits.
+  `mesh`: a Mesh or AbstractMesh."""
+  fitted = []
+  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+    kept = tuple(a for a in names if mesh.shape.get(a, 1) > 1)  # size-1 axes split nothing
+    while kept and dim % math.prod(mesh.shape[a] for a in kept):
+      kept = kept[:-1]
+    fitted.append(None if not kept else (kept[0] if len(kept) == 1 else kept))
+  return P(*fitted)
+
+
+def context_mesh():
+  """The mesh installed with `jax.set_mesh` (an AbstractMesh inside jit), or None when there is none."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return None if mesh.empty else mesh
+
+
+def logical_to_mesh_axes(logical_axes: Sequence[str | None]) -> P | None:
+  """Mesh PartitionSpec of logical axis names under the context's rules (None when no rules are set)."""
+  rules = nn.get_logical_axis_rules()
+  if not rules:
+    return None
+  return nn.logical_to_mesh_axes(tuple(logical_axes), rules)
+
+
+def mesh_axes_of(logical_name: str) -> tuple[str, ...]:
+  """Mesh axes a single logical name maps to under the context's rules (() if unmapped / no rules)."""
+  for name, axes in nn.get_logical_axis_rules():
+    if name == logical_name:
+      if axes is None:
+        return ()
+      return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+  return ()
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+  """`with_sharding_constraint` by logical names; dimensions a mesh axis does not divide stay
+  replicated (`fit_spec_to_shape`). A no-op without a context mesh and rules."""
+  mesh = context_mesh()
+  spec = logical_to_mesh_axes(logical_axes) if mesh is not None else None
+  if spec is None:
+    return x
+  return jax.lax.with_sharding_constraint(x, fit_spec_to_shape(spec, x.shape, mesh))
+
+
+def unbox(tree):
+  """`nn.unbox` without sharding constraints (flax applies its own, unfitted, ones when a mesh is
+  installed): parameters are placed by explicit shardings (`trainer.abstract_train_state`) instead."""
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+  return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, tree, is_leaf=is_box)

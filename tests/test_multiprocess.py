@@ -1,0 +1,151 @@
+"""Multi-process training on localhost: 2 CPU processes x 4 virtual devices, gloo collectives.
+
+One test, three phases (process startups and compiles are the cost, so they are shared):
+  A. `train.py` in 2 processes (--coordinator_address/--num_processes/--process_id), FSDP over the 8
+     devices of both processes, each process reading its own half of the data: 2 steps + a checkpoint.
+  B. This (1-device) process recomputes the same 2 steps on the global batch (process 0's rows, then
+     process 1's) and gets the loss process 0 logged; the 2-process checkpoint restores here with the
+     same parameters and optimizer state (Orbax resharding 8 shards -> 1 device); both processes'
+     data-iterator positions are in it.
+  C. A checkpoint written by this 1 process restores in 2 processes onto the FSDP mesh (1 -> 8 shards
+     over 2 processes), every gathered tensor equal.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import chex
+import jax
+import numpy as np
+
+from dgemma import checkpointing, diffusion, trainer
+from dgemma import config as config_lib
+from dgemma.data import pipeline
+from tests.conftest import FAST_COMPILE_XLA_FLAGS
+
+REPO = Path(__file__).resolve().parents[1]
+
+def _config(tiny_config):
+  """Small and quick to compile: no MoE, one decoder pass, short rows; FSDP over all devices."""
+  config = tiny_config
+  config.data.seq_len, config.diffusion.canvas_len = 32, 8
+  config.data.batch_size, config.train.num_steps = 8, 2
+  config.model.num_experts = 0
+  config.diffusion.self_cond_prob = 0.0
+  config.train.log_every = config.train.ckpt_every = 2
+  config.mesh.shape.update(dict(data=1, fsdp=-1, expert=1, tensor=1))
+  return config
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _run_two(cmd_for_process, timeout=420) -> list[str]:
+  """Runs the 2 processes of a localhost job (4 CPU devices each, gloo) and returns their stdout."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
+             XLA_FLAGS=FAST_COMPILE_XLA_FLAGS)
+  procs = [subprocess.Popen(cmd_for_process(i), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for i in range(2)]
+  outs = []
+  try:
+    for p in procs:
+      out, err = p.communicate(timeout=timeout)
+      assert p.returncode == 0, err[-4000:]
+      outs.append(out)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  return outs
+
+
+_RESTORE_WORKER = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import jax, numpy as np
+from jax.experimental import multihost_utils
+from dgemma import checkpointing, trainer
+from dgemma import config as config_lib
+workdir, port, pid = sys.argv[2], sys.argv[3], int(sys.argv[4])
+assert trainer.init_distributed(f"localhost:{port}", 2, pid)
+assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
+config = config_lib.from_json(open(f"{workdir}/config.json").read())
+model_cfg = config_lib.validate(config)
+mesh = trainer.make_mesh(config.mesh)
+_, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, trainer.make_optimizer(config.opt, 2))
+manager = checkpointing.make_manager(workdir, read_only=True, async_save=False)
+state, _ = checkpointing.restore(manager, 2, abstract, with_data=False)
+ref = np.load(f"{workdir}/reference.npz")
+leaves = jax.tree_util.tree_leaves_with_path(state.params)
+sharded = 0
+for path, leaf in leaves:
+  sharded += len(leaf.sharding.device_set) == 8 and not leaf.is_fully_replicated
+  np.testing.assert_array_equal(multihost_utils.process_allgather(leaf, tiled=True), ref[jax.tree_util.keystr(path)])
+assert sharded > 0  # FSDP: tensors split over the devices of both processes
+print("restored", len(leaves), "tensors,", sharded, "sharded")
+"""
+
+
+def test_two_processes_match_one_and_checkpoints_reshard(tiny_config, tmp_path):
+  config = _config(tiny_config)
+  # ---- A. train.py in 2 processes
+  wd_two = tmp_path / "two"
+  port = _free_port()
+  flags = ["--config=configs/tiny_test.py", f"--workdir={wd_two}", f"--coordinator_address=localhost:{port}",
+           "--num_processes=2", "--config.data.source=files", f"--config.data.files=('{config.data.files[0]}',)",
+           f"--config.data.cache_dir={config.data.cache_dir}", f"--config.data.seq_len={config.data.seq_len}",
+           f"--config.diffusion.canvas_len={config.diffusion.canvas_len}", "--config.data.batch_size=8",
+           "--config.train.num_steps=2", "--config.train.log_every=2", "--config.train.ckpt_every=2",
+           "--config.model.num_experts=0", "--config.diffusion.self_cond_prob=0.0",
+           "--config.train.async_checkpointing=False", "--config.mesh.shape.data=1", "--config.mesh.shape.fsdp=-1"]
+  pipeline.prepare(config)  # build the dataset once, before both processes look for it
+  _run_two(lambda i: [sys.executable, "train.py", *flags, f"--process_id={i}"])
+  logged = [json.loads(l) for l in (wd_two / "metrics.jsonl").read_text().splitlines()]
+  loss_two = [r["loss"] for r in logged if r["split"] == "train" and r["step"] == 2]
+  assert len(loss_two) == 1  # only process 0 writes metrics
+
+  # ---- B. the same 2 steps in this process on the global batch; restore the 2-process checkpoint
+  model_cfg = config_lib.validate(config)
+  mesh = trainer.make_mesh(config.mesh, devices=jax.devices()[:1])
+  optimizer = trainer.make_optimizer(config.opt, 2)
+  loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
+  step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, trainer.make_schedule(config.opt, 2)))
+  prepared = pipeline.prepare(config)
+  shards = [pipeline.make_iterator(config, prepared, "train", shard_index=i, shard_count=2) for i in range(2)]
+  state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(config.seed))
+  base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+  losses = []
+  for _ in range(2):
+    rows = [next(it) for it in shards]
+    batch = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+    state, metrics = step(state, batch, base_rng)
+    losses.append(float(metrics["loss"]))
+  np.testing.assert_allclose(loss_two[0], np.mean(losses), rtol=1e-5)
+
+  _, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
+  restored, data_state = checkpointing.restore(checkpointing.make_manager(wd_two, read_only=True), 2, abstract)
+  assert int(restored.step) == 2
+  # Each process's data position is saved (own shard); a 1-process run cannot use them (warned, None).
+  assert len(data_state["per_process"]) == 2 and data_state["per_process"][0] != data_state["per_process"][1]
+  assert checkpointing.this_process_data_state(data_state) is None
+  chex.assert_trees_all_close(jax.device_get(restored.params), jax.device_get(state.params), atol=1e-6, rtol=0)
+  chex.assert_trees_all_close(jax.device_get(restored.opt_state), jax.device_get(state.opt_state), atol=1e-6, rtol=0)
+
+  # ---- C. a 1-process checkpoint restores in 2 processes, resharded over FSDP
+  wd_one = tmp_path / "one"
+  manager = checkpointing.make_manager(wd_one, async_save=False)
+  checkpointing.save(manager, 2, state, None)
+  manager.wait_until_finished()
+  checkpointing.write_text_atomic(wd_one / "config.json", config_lib.to_json(config))
+  np.savez(wd_one / "reference.npz", **{jax.tree_util.keystr(p): np.asarray(v)
+                                        for p, v in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))})
+  port = _free_port()
+  outs = _run_two(lambda i: [sys.executable, "-c", _RESTORE_WORKER, str(REPO), str(wd_one), str(port), str(i)])
+  assert all("restored" in o for o in outs), outs

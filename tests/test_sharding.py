@@ -1,0 +1,79 @@
+"""Sharding rules without devices or compiles: spec fitting, mesh presets, batch axes, distributed flags.
+
+The 8-device equivalence runs and the golden PartitionSpecs are in test_train.py
+(test_eight_virtual_devices_match_one_device); multi-process runs in test_multiprocess.py.
+"""
+
+import importlib
+
+import jax
+import pytest
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+from configs import tiny_test
+from dgemma import config as config_lib
+from dgemma import trainer
+from dgemma.model.sharding import fit_spec_to_shape
+
+
+def _mesh(**sizes):
+  return AbstractMesh(tuple(sizes.values()), tuple(sizes))
+
+
+def test_fit_spec_keeps_the_longest_dividing_prefix_and_drops_size_one_axes():
+  mesh = _mesh(data=2, fsdp=1, expert=4, tensor=2)
+  batch = ("data", "fsdp", "expert")
+  assert fit_spec_to_shape(P(batch, None), (8, 5), mesh) == P(("data", "expert"), None)
+  assert fit_spec_to_shape(P(batch, None), (2, 5), mesh) == P("data", None)  # 2 rows: data only
+  assert fit_spec_to_shape(P(batch), (3,), mesh) == P(None)
+  assert fit_spec_to_shape(P(None, "tensor", None), (64, 1, 32), mesh) == P(None, None, None)  # 1 KV head
+  assert fit_spec_to_shape(P("fsdp", "tensor"), (64, 128), mesh) == P(None, "tensor")  # fsdp=1 splits nothing
+  assert fit_spec_to_shape(P("expert"), (4, 16, 8), mesh) == P("expert", None, None)  # padded to the rank
+
+
+@pytest.mark.parametrize("preset", ["cpu_host", "gpu8_expert", "tpu_slice"])
+def test_mesh_presets_are_valid_configs(preset):
+  config = tiny_test.get_config()
+  config.mesh = importlib.import_module(f"configs.mesh.{preset}").get_config()
+  config_lib.validate(config)
+  assert config.mesh.preset == preset
+  assert trainer.batch_axes(config) == ("data", "fsdp", "expert")
+  names = {name for name, _ in trainer.axis_rules(config)}
+  assert {"batch", "embed", "expert", "expert_mlp", "act_embed", "act_heads", "act_mlp", "act_vocab"} <= names
+
+
+def test_batch_must_split_over_the_batch_axes():
+  config = tiny_test.get_config()
+  config.data.batch_size = 6
+  with pytest.raises(config_lib.ConfigError, match=r"data.batch_size: 6 .* 4 batch shards \(mesh data x fsdp x "
+                                                   r"expert = 1 x 1 x 4\)"):
+    trainer.check_batch_fits_mesh(config, _mesh(data=1, fsdp=1, expert=4, tensor=2))
+  config.mesh.axis_rules = tuple(r for r in config.mesh.axis_rules if r[0] != "batch")
+  with pytest.raises(config_lib.ConfigError, match="mesh.axis_rules: no rule for the logical axis 'batch'"):
+    trainer.batch_axes(config)
+
+
+def test_moe_impl_is_checked():
+  config = tiny_test.get_config()
+  config.model.moe_impl = "expert_paralel"
+  with pytest.raises(config_lib.ConfigError, match="model.moe_impl"):
+    config_lib.validate(config)
+
+
+def test_init_distributed_arguments(monkeypatch):
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  for name in trainer.DISTRIBUTED_ENV:
+    monkeypatch.delenv(name, raising=False)
+  assert trainer.init_distributed() is False and calls == []  # single process: nothing to do
+  with pytest.raises(ValueError, match="--process_id: a multi-process run needs"):
+    trainer.init_distributed("localhost:1234", 2)
+  with pytest.raises(ValueError, match=r"--process_id: 2 not in \[0, --num_processes=2\)"):
+    trainer.init_distributed("localhost:1234", 2, 2)
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "host0:99")
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+  monkeypatch.setenv("JAX_PROCESS_ID", "3")
+  assert trainer.init_distributed() is True
+  assert calls[-1] == dict(coordinator_address="host0:99", num_processes=4, process_id=3)
+  assert trainer.init_distributed(process_id=1) and calls[-1]["process_id"] == 1  # a flag beats the variable
+  assert trainer.init_distributed(num_processes=0) and calls[-1] == {}  # cluster auto-detection
