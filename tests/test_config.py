@@ -7,7 +7,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from configs import adapt_gemma4, base, demo, tiny_test
+from configs import adapt_from_gemma4, base, demo, tiny_test
 from configs.models import diffusiongemma_26b_a4b, small, tiny
 from dgemma import config as config_lib
 from dgemma import trainer
@@ -25,7 +25,7 @@ def no_compile(monkeypatch):
   monkeypatch.setattr(trainer.data_pipeline, "prepare", boom)
 
 
-@pytest.mark.parametrize("get_config", [base.get_config, demo.get_config, tiny_test.get_config, adapt_gemma4.get_config])
+@pytest.mark.parametrize("get_config", [base.get_config, demo.get_config, tiny_test.get_config, adapt_from_gemma4.get_config])
 def test_shipped_configs_are_valid(get_config):
   config_lib.validate(get_config())
 
