@@ -88,6 +88,23 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.progress_bar = True
   config.train.init_from = ""            # dgemma params checkpoint (python -m dgemma.convert --to ...) to start from
 
+  # Fine-tuning (dgemma/finetune.py, dgemma/model/lora.py): which parameters train, LoRA adapters.
+  config.finetune = ml_collections.ConfigDict()
+  config.finetune.mode = "full"          # 'full' (every parameter) | 'lora' (only LoRA adapters on the
+                                         # lora_targets; W + (alpha/rank) A B with B = 0 at the start) |
+                                         # 'head_only' (the self-conditioning module in full plus adapters
+                                         # that act only in decoder mode: encoder and KV cache stay the base's)
+  config.finetune.lora_rank = 8          # r of every adapter (lora / head_only)
+  config.finetune.lora_alpha = 16.0      # adapter scale = lora_alpha / lora_rank
+  config.finetune.lora_targets = ("all",)  # adapted module kinds: 'all' or a subset of 'attn' (q/k/v/o),
+                                         # 'mlp' (dense GeGLU), 'experts' (one pair per expert), 'router',
+                                         # 'self_conditioning' (lora mode only; head_only trains it in full)
+  config.finetune.freeze_router = False  # router weights stay fixed (full mode: frozen; lora / head_only:
+                                         # no router adapters). NeMo keeps the router frozen.
+  config.finetune.save_adapter = True    # lora / head_only: at the end of training also write
+                                         # WORKDIR/adapter/, a params checkpoint of only the trained leaves
+                                         # (merge: python -m dgemma.tools.merge_lora); no effect in full mode
+
   # Sampling (sample.py and the in-training preview); dgemma.sampling.SamplerConfig.from_config.
   # Released DiffusionGemma sampler defaults (HF transformers 5.24); canvas = diffusion.canvas_len.
   # Every value is checked before anything is loaded or compiled (errors name the key).

@@ -6,13 +6,14 @@ value fails in a second with a message naming the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import ml_collections
 
 from configs import base
-from dgemma import objectives, tokenizers
+from dgemma import finetune, objectives, tokenizers
 from dgemma.model.config import ConfigError, ModelConfig
 
 # Groups whose keys are free-form mappings (mesh axis names) rather than a fixed schema.
@@ -107,7 +108,9 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   unknown_axes = sorted(set(config.mesh.shape.keys()) - {"data", "fsdp", "expert", "tensor"})
   need(not unknown_axes, "mesh.shape", f"unknown mesh axes {unknown_axes}; use data, fsdp, expert, tensor")
   need(sum(1 for v in config.mesh.shape.values() if v == -1) <= 1, "mesh.shape", "at most one axis may be -1")
-  return model_cfg
+  need(isinstance(config.finetune.save_adapter, bool), "finetune.save_adapter", "must be True or False")
+  # LoRA adapters are part of the parameter tree, so the model carries their layout.
+  return dataclasses.replace(model_cfg, lora=finetune.lora_config(config.finetune))
 
 
 def to_json(config: ml_collections.ConfigDict) -> str:

@@ -27,11 +27,12 @@ from absl import logging
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from dgemma import checkpoint_io, checkpointing
+from dgemma import checkpoint_io, checkpointing, finetune
 from dgemma import config as config_lib
 from dgemma import diffusion
 from dgemma.data import pipeline as data_pipeline
 from dgemma.model import ModelConfig, Transformer
+from dgemma.model import lora
 from dgemma.model.sharding import fit_spec_to_shape, unbox
 
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
@@ -117,9 +118,12 @@ _DECAYED_LEAVES = ("kernel", "embedding", "gate_proj", "up_proj", "down_proj")
 
 
 def _decay_mask(params):
-  """Weight decay on matrices (kernels, embedding, expert weights), not on norm/router scales or scalars."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[-1], "key", None) in _DECAYED_LEAVES, params)
+  """Weight decay on matrices (kernels, embedding, expert weights, LoRA factors), not on norm/router
+  scales or scalars."""
+  def decayed(path, _):
+    name = str(getattr(path[-1], "key", ""))
+    return name in _DECAYED_LEAVES or lora.is_adapter(name)
+  return jax.tree_util.tree_map_with_path(decayed, params)
 
 
 def with_state_dtype(inner: optax.GradientTransformation, dtype) -> optax.GradientTransformation:
@@ -137,18 +141,26 @@ def with_state_dtype(inner: optax.GradientTransformation, dtype) -> optax.Gradie
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def make_optimizer(opt_config, num_steps: int) -> optax.GradientTransformation:
+def make_optimizer(opt_config, num_steps: int, finetune_config=None) -> optax.GradientTransformation:
   """clip -> AdamW (optax.adamw's chain: scale_by_adam, masked decay, -lr); Adam moments stored in
-  opt.state_dtype ('float32' | 'bfloat16'). Parameters stay in model.param_dtype (fp32 master weights)."""
+  opt.state_dtype ('float32' | 'bfloat16'). Parameters stay in model.param_dtype (fp32 master weights).
+
+  With frozen parameters (`finetune_config`: mode lora / head_only, or freeze_router) the chain runs only
+  on the trainable leaves (clipping by their global norm) through `optax.multi_transform`, frozen leaves
+  get `optax.set_to_zero()` and no optimizer state (dgemma/finetune.py)."""
   adam = optax.scale_by_adam(b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps)
   state_dtype = opt_config.get("state_dtype", "float32")
   if state_dtype != "float32":
     adam = with_state_dtype(adam, state_dtype)
-  return optax.chain(
+  tx = optax.chain(
       optax.clip_by_global_norm(opt_config.grad_clip),
       optax.chain(adam, optax.add_decayed_weights(opt_config.weight_decay, _decay_mask),
                   optax.scale_by_learning_rate(make_schedule(opt_config, num_steps))),
   )
+  if not finetune.has_frozen(finetune_config):
+    return tx
+  return optax.multi_transform({finetune.TRAINABLE: tx, finetune.FROZEN: optax.set_to_zero()},
+                               functools.partial(finetune.param_labels, finetune=finetune_config))
 
 
 def init_inputs(model_cfg: ModelConfig, seq_len: int, canvas_len: int) -> tuple:
@@ -171,6 +183,9 @@ def abstract_train_state(model_cfg: ModelConfig, config, mesh: Mesh, optimizer) 
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
   boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+  # optax.masked (frozen leaves) leaves boxes around empty MaskedNodes: they hold no array, drop the box.
+  boxed = jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) and not jax.tree.leaves(x.value) else x,
+                       boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
   mesh_specs = nn.logical_to_mesh(nn.get_partition_spec(boxed), axis_rules(config))
   unboxed = unbox(boxed)
   shardings = jax.tree.map(lambda x, spec: NamedSharding(mesh, fit_spec_to_shape(spec, x.shape, mesh)),
@@ -229,14 +244,31 @@ def accumulate_gradients(loss_fn: Callable, params, batch: dict, rng: jax.Array,
 
 
 def make_train_step(model_cfg: ModelConfig, loss_cfg: diffusion.DiffusionLossConfig, optimizer,
-                    schedule: optax.Schedule, grad_accum_steps: int = 1):
+                    schedule: optax.Schedule, grad_accum_steps: int = 1, finetune_config=None):
+  """The jittable step. With frozen parameters (`finetune_config`, dgemma/finetune.py) gradients are
+  taken only w.r.t. the trainable leaves (grad_norm is theirs) and frozen leaves pass through as is."""
+  partial = finetune.has_frozen(finetune_config)
+
   def train_step(state: TrainState, batch: dict, base_rng: jax.Array):
     rng = jax.random.fold_in(base_rng, state.step)
     loss_fn = functools.partial(diffusion.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg)
-    metrics, grads = accumulate_gradients(loss_fn, state.params, batch, rng, loss_cfg, grad_accum_steps)
+    if not partial:
+      metrics, grads = accumulate_gradients(loss_fn, state.params, batch, rng, loss_cfg, grad_accum_steps)
+      grad_norm = optax.tree.norm(grads)
+    else:
+      mask = finetune.trainable_mask(state.params, finetune_config)
+      trainable, frozen = finetune.split(state.params, mask)
+      on_trainable = lambda t, *a, **k: loss_fn(finetune.join(t, frozen), *a, **k)
+      metrics, grads = accumulate_gradients(on_trainable, trainable, batch, rng, loss_cfg, grad_accum_steps)
+      grad_norm = optax.tree.norm(grads)
+      # set_to_zero ignores these zeros (XLA drops them); the tree must match params for optax.
+      grads = finetune.join(grads, jax.tree.map(lambda p: None if p is None else jnp.zeros_like(p), frozen,
+                                                is_leaf=lambda x: x is None))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state.step))
+    if partial:
+      params = jax.tree.map(lambda m, new, old: new if m else old, mask, params, state.params)
+    metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
   return train_step
 
@@ -312,18 +344,32 @@ def check_init_from(config, model_cfg: ModelConfig) -> None:
                                    f"train.init_from ({value!r})")
 
 
-def state_from_params_checkpoint(path: str, optimizer, abstract_state, shardings) -> TrainState:
+def state_from_params_checkpoint(path: str, optimizer, abstract_state, shardings, init_fn=None,
+                                 rng=None) -> TrainState:
   """Step-0 state from converted / exported params (e.g. an imported Gemma 4 AR model, for AR ->
-  diffusion adaptation) and a fresh optimizer state; params cast to model.param_dtype."""
+  diffusion adaptation) and a fresh optimizer state; params cast to model.param_dtype.
+
+  LoRA adapters (finetune.mode lora / head_only) that the checkpoint lacks start from `init_fn(rng)`
+  (B = 0: the run starts exactly at the checkpoint's model); every other tensor must be there."""
   params_np, _ = checkpoint_io.load_params(path)
   expected = abstract_state.params
   got_paths = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(params_np)}
+  fresh_names = []
   for p, leaf in jax.tree_util.tree_leaves_with_path(expected):
     name = jax.tree_util.keystr(p)
+    if name not in got_paths and lora.is_adapter(str(p[-1].key)) and init_fn is not None:
+      fresh_names.append(name)
+      continue
     if name not in got_paths:
       raise ValueError(f"train.init_from: {path} has no tensor {name} (expected shape {leaf.shape})")
     if tuple(got_paths[name].shape) != tuple(leaf.shape):
       raise ValueError(f"train.init_from: {name} has shape {tuple(got_paths[name].shape)}, expected {leaf.shape}")
+  if fresh_names:
+    # Only the missing adapters are outputs, so XLA initialises nothing else.
+    pick = lambda tree: {n: v for n, v in ((jax.tree_util.keystr(p), v) for p, v in
+                                           jax.tree_util.tree_leaves_with_path(tree)) if n in fresh_names}
+    fresh = jax.jit(lambda r: pick(nn.unbox(init_fn(r)).params))(rng)
+    got_paths.update(jax.device_get(fresh))
   params = jax.tree_util.tree_map_with_path(
       lambda p, s: jax.device_put(np.asarray(got_paths[jax.tree_util.keystr(p)]).astype(s.dtype), s.sharding),
       expected)
@@ -407,8 +453,8 @@ def _train(config, workdir_path: Path, model_cfg: ModelConfig, mesh: Mesh, stop_
   loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
   num_steps = int(config.train.num_steps)
   schedule = make_schedule(config.opt, num_steps)
-  optimizer = make_optimizer(config.opt, num_steps)
-  _, abstract_state, state_shardings = abstract_train_state(model_cfg, config, mesh, optimizer)
+  optimizer = make_optimizer(config.opt, num_steps, config.finetune)
+  init_fn, abstract_state, state_shardings = abstract_train_state(model_cfg, config, mesh, optimizer)
   data_sharding = batch_sharding(mesh, config)
 
   manager = checkpointing.make_manager(workdir_path, keep=config.train.keep_checkpoints,
@@ -423,14 +469,16 @@ def _train(config, workdir_path: Path, model_cfg: ModelConfig, mesh: Mesh, stop_
       train_iter.set_state(data_state)
     logging.info("Resumed from step %d (%s)", latest, checkpointing.checkpoint_dir(workdir_path))
   elif config.train.init_from:
-    state = state_from_params_checkpoint(config.train.init_from, optimizer, abstract_state, state_shardings)
+    state = state_from_params_checkpoint(config.train.init_from, optimizer, abstract_state, state_shardings,
+                                         init_fn, jax.random.PRNGKey(config.seed))
   else:
     state, _ = create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(config.seed))
 
   base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
   eval_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 2)
   train_step = jax.jit(make_train_step(model_cfg, loss_cfg, optimizer, schedule,
-                                       grad_accum_steps=int(config.opt.grad_accum_steps)),
+                                       grad_accum_steps=int(config.opt.grad_accum_steps),
+                                       finetune_config=config.finetune),
                        in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
                        donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(model_cfg, loss_cfg), in_shardings=(state_shardings.params, data_sharding, None))
@@ -472,6 +520,9 @@ def _train(config, workdir_path: Path, model_cfg: ModelConfig, mesh: Mesh, stop_
       checkpointing.save(manager, done, state, checkpointing.all_process_data_states(train_iter.get_state()))
   manager.wait_until_finished()
   manager.close()
+  if config.finetune.mode != "full" and config.finetune.save_adapter and int(state.step) == num_steps:
+    finetune.save_adapter(workdir_path / finetune.ADAPTER_DIR, state.params, model_cfg, config.finetune,
+                          base=config.train.init_from, step=int(state.step))
   writer.close()
   if bar is not None:
     bar.close()
@@ -495,7 +546,7 @@ def load_params(workdir: str, config: ml_collections.ConfigDict, step: int = -1,
   step = max(steps) if step < 0 else step
   if mesh is None:
     mesh = make_mesh(ml_collections.ConfigDict(dict(shape=dict(data=-1, fsdp=1, expert=1, tensor=1))))
-  optimizer = make_optimizer(config.opt, int(config.train.num_steps))
+  optimizer = make_optimizer(config.opt, int(config.train.num_steps), config.finetune)
   _, abstract_state, _ = abstract_train_state(model_cfg, config, mesh, optimizer)
   state, _ = checkpointing.restore(manager, step, abstract_state, with_data=False)
   manager.close()

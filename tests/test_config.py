@@ -7,7 +7,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from configs import adapt_gemma4, base, demo, tiny_test
+from configs import adapt_from_gemma4, base, demo, finetune_head_lora, tiny_test
 from configs.models import diffusiongemma_26b_a4b, small, tiny
 from dgemma import config as config_lib
 from dgemma import trainer
@@ -25,7 +25,8 @@ def no_compile(monkeypatch):
   monkeypatch.setattr(trainer.data_pipeline, "prepare", boom)
 
 
-@pytest.mark.parametrize("get_config", [base.get_config, demo.get_config, tiny_test.get_config, adapt_gemma4.get_config])
+@pytest.mark.parametrize("get_config", [base.get_config, demo.get_config, tiny_test.get_config, adapt_from_gemma4.get_config,
+                                        finetune_head_lora.get_config])
 def test_shipped_configs_are_valid(get_config):
   config_lib.validate(get_config())
 
@@ -51,6 +52,8 @@ def test_26b_preset_pattern():
     (lambda c: setattr(c.model, "experts_per_token", 9), "model.experts_per_token"),
     (lambda c: setattr(c.opt, "lr", -1.0), "opt.lr"),
     (lambda c: setattr(c.mesh.shape, "data", 3), "mesh.shape"),
+    (lambda c: setattr(c.finetune, "mode", "qlora"), "finetune.mode"),
+    (lambda c: c.finetune.update(mode="lora", lora_targets=("attn", "lm_head")), "finetune.lora_targets"),
 ])
 def test_bad_config_names_field(tiny_config, tmp_path, no_compile, mutate, field):
   mutate(tiny_config)

@@ -361,8 +361,8 @@ def test_init_from_params_checkpoint(tiny_config, tmp_path):
   state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(42))
   ckpt = tmp_path / "converted"
   checkpoint_io.save_params(ckpt, jax.device_get(state.params), model_cfg.to_dict())
-  from configs import adapt_gemma4
-  adapt = adapt_gemma4.get_config(str(ckpt))  # the adaptation config takes its model from the checkpoint
+  from configs import adapt_from_gemma4
+  adapt = adapt_from_gemma4.get_config(str(ckpt))  # the adaptation config takes its model from the checkpoint
   arch = lambda cfg: {k: v for k, v in cfg.to_dict().items() if k not in trainer._RUNTIME_FIELDS}
   assert arch(config_lib.validate(adapt)) == arch(model_cfg) and adapt.train.init_from == str(ckpt)
   config.train.init_from = str(ckpt)

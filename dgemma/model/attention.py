@@ -43,6 +43,7 @@ import jax.numpy as jnp
 
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model import layers
+from dgemma.model import lora as lora_lib
 from dgemma.model.sharding import constrain
 
 _NEG = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -121,6 +122,7 @@ class Attention(nn.Module):
 
   cfg: ModelConfig
   kind: str
+  lora_active: bool = True  # LoRA (target 'attn') on q/k/v/o_proj, added only when active
 
   @nn.compact
   def __call__(self, x_BTD, positions_BT, cache_kv, mask_BTS, write_index, decode: bool):
@@ -128,7 +130,8 @@ class Attention(nn.Module):
     dtype, pdtype = layers.compute_dtype(cfg), layers.param_dtype(cfg)
     D, N = cfg.d_model, cfg.num_heads
     K, H = layers.attn_dims(cfg, self.kind)
-    kw = dict(dtype=dtype, param_dtype=pdtype)
+    kw = dict(dtype=dtype, param_dtype=pdtype, lora=lora_lib.for_target(cfg.lora, "attn"),
+              lora_active=self.lora_active)
     q_BTNH = layers.Einsum((D, N, H), "btd,dnh->btnh", ("embed", "heads", "head_dim"), name="q_proj", **kw)(x_BTD)
     k_raw = layers.Einsum((D, K, H), "btd,dkh->btkh", ("embed", "kv_heads", "head_dim"), name="k_proj", **kw)(x_BTD)
     if self.kind == GLOBAL and cfg.global_k_eq_v:

@@ -47,6 +47,9 @@ class ModelConfig:
     remat: rematerialisation policy name for each block ('none', 'full', 'dots').
     dtype / param_dtype: compute and storage dtypes ('float32', 'bfloat16').
     router_aux_loss_weight / router_z_loss_weight: optional MoE losses (0 = off, as released).
+    lora: LoRA adapters (a dgemma.model.lora.LoraConfig) or None. Not a key of the `model` group and
+      not in `to_dict()` (model_config.json describes the base weights): `dgemma.config.validate` sets
+      it from `config.finetune`.
   """
 
   vocab_size: int = 262_144
@@ -77,6 +80,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   router_aux_loss_weight: float = 0.0
   router_z_loss_weight: float = 0.0
+  lora: Any = None
 
   def __post_init__(self):
     if not self.layer_types:
@@ -136,7 +140,7 @@ class ModelConfig:
   @classmethod
   def from_config_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
     """Builds from an ml_collections ConfigDict (or dict); unknown keys are an error."""
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(cls)} - {"lora"}
     values = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
     values.pop("preset", None)  # informational: which preset the values came from
     unknown = sorted(set(values) - known)
@@ -148,5 +152,6 @@ class ModelConfig:
 
   def to_dict(self) -> dict[str, Any]:
     out = dataclasses.asdict(self)
+    out.pop("lora")
     out["layer_types"] = list(self.layer_types)
     return out

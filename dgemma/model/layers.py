@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dgemma.model import lora as lora_lib
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model.sharding import constrain
 
@@ -75,18 +76,35 @@ class RMSNorm(nn.Module):
 
 
 class Einsum(nn.Module):
-  """A bias-free projection with a `kernel` of explicit shape / logical axes, applied by `eqn`."""
+  """A bias-free projection with a `kernel` of explicit shape / logical axes, applied by `eqn`.
+
+  With `lora`, the kernel also gets LoRA factors lora_a / lora_b (dgemma/model/lora.py), which are
+  always created but added only when `lora_active` (head_only: decoder mode only).
+  """
 
   shape: tuple[int, ...]
   eqn: str
   axes: tuple[str, ...]
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  lora: lora_lib.LoraConfig | None = None
+  lora_active: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     w = self.param("kernel", matrix_init(self.axes), self.shape, self.param_dtype)
-    return jnp.einsum(self.eqn, x.astype(self.dtype), w.astype(self.dtype))
+    x = x.astype(self.dtype)
+    y = jnp.einsum(self.eqn, x, w.astype(self.dtype))
+    if self.lora is not None:
+      x_sub, w_sub = self.eqn.split("->")[0].split(",")
+      n_in = sum(c in x_sub for c in w_sub)  # kernel dims contracted with x come first
+      if any(c not in x_sub for c in w_sub[:n_in]):
+        raise ValueError(f"LoRA needs the kernel's input dims first in {self.eqn!r}")
+      factors = lora_lib.factor_params(self, "", self.lora, self.shape[:n_in], self.axes[:n_in],
+                                       self.shape[n_in:], self.axes[n_in:], self.param_dtype)
+      if self.lora_active:
+        y = y + lora_lib.einsum_delta(self.eqn, x, factors, self.dtype)
+    return y
 
 
 def gelu(x: jax.Array) -> jax.Array:
@@ -101,11 +119,13 @@ class GeGLU(nn.Module):
   hidden: int
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  lora: lora_lib.LoraConfig | None = None  # adapters on the three projections (see Einsum)
+  lora_active: bool = True
 
   @nn.compact
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     D, F = self.d_model, self.hidden
-    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, lora=self.lora, lora_active=self.lora_active)
     gate_BTF = Einsum((D, F), "...d,df->...f", ("embed", "mlp"), name="gate_proj", **kw)(x_BTD)
     up_BTF = Einsum((D, F), "...d,df->...f", ("embed", "mlp"), name="up_proj", **kw)(x_BTD)
     h_BTF = constrain(gelu(gate_BTF) * up_BTF, ("batch", "act_length", "act_mlp"))

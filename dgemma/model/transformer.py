@@ -36,6 +36,8 @@ cfg.num_blocks; HF layer index = b * cfg.block_period + i):
     moe/experts/down_proj [E, Fe, D] ('expert', 'expert_mlp', 'embed')
     ffw_post_norm/scale [D] ('norm',)
     layer_scalar [1] ('norm',)
+  With cfg.lora (LoRA fine-tuning, dgemma/model/lora.py): lora_a [in..., r] / lora_b [r, out...] next to
+  each adapted kernel, and experts/{gate,up,down}_proj_lora_{a,b} [E, ...] (one pair per expert).
   (H, K = head_dim, num_kv_heads on sliding layers; global_head_dim, global_num_kv_heads on global.)
 HF name map: pre_attn_norm=input_layernorm, post_attn_norm=post_attention_layernorm,
 mlp_pre_norm=pre_feedforward_layernorm, mlp_post_norm=post_feedforward_layernorm_1,
@@ -64,6 +66,7 @@ from flax import struct
 from dgemma.model.attention import Attention, decoder_masks, encoder_masks
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model import layers
+from dgemma.model import lora as lora_lib
 from dgemma.model.moe import MoE
 from dgemma.model.sharding import constrain, unbox
 
@@ -137,17 +140,20 @@ class Layer(nn.Module):
     def norm(name):
       return layers.RMSNorm(cfg.rms_eps, param_dtype=pdtype, name=name)
 
+    # LoRA adapters (cfg.lora) act in both modes, or only in decoder mode (head_only fine-tuning).
+    lora_active = cfg.lora is not None and (ctx.decode or not cfg.lora.decoder_only)
     mask = ctx.mask_global if self.kind == GLOBAL else ctx.mask_sliding
-    a_BTD, new_kv = Attention(cfg, self.kind, name="attn")(
+    a_BTD, new_kv = Attention(cfg, self.kind, lora_active, name="attn")(
         norm("pre_attn_norm")(x_BTD), ctx.positions_BT, kv, mask, ctx.write_index, ctx.decode)
     x_BTD = x_BTD + norm("post_attn_norm")(a_BTD)
 
-    m_BTD = layers.GeGLU(cfg.d_model, cfg.mlp_hidden, dtype=dtype, param_dtype=pdtype, name="mlp")(
+    m_BTD = layers.GeGLU(cfg.d_model, cfg.mlp_hidden, dtype=dtype, param_dtype=pdtype,
+                         lora=lora_lib.for_target(cfg.lora, "mlp"), lora_active=lora_active, name="mlp")(
         norm("mlp_pre_norm")(x_BTD))
     m_BTD = norm("mlp_post_norm")(m_BTD)
     aux = {}
     if cfg.num_experts:
-      e_BTD, aux = MoE(cfg, name="moe")(x_BTD, norm("moe_pre_norm")(x_BTD), ctx.valid_BT)
+      e_BTD, aux = MoE(cfg, lora_active, name="moe")(x_BTD, norm("moe_pre_norm")(x_BTD), ctx.valid_BT)
       m_BTD = m_BTD + norm("moe_post_norm")(e_BTD)
     x_BTD = x_BTD + norm("ffw_post_norm")(m_BTD)
     scalar = self.param("layer_scalar", layers.ones_init(("norm",)), (1,), pdtype)
@@ -221,7 +227,8 @@ class SelfConditioning(nn.Module):
     normed = layers.RMSNorm(cfg.rms_eps, param_dtype=pdtype, name="pre_norm")(soft_BTD)
     # The projections sit directly under self_conditioning/ (contract), so the GeGLU is inlined.
     D, F = cfg.d_model, cfg.mlp_hidden
-    kw = dict(dtype=dtype, param_dtype=pdtype)
+    # LoRA (target 'self_conditioning'); the module runs only in decoder mode, so always active.
+    kw = dict(dtype=dtype, param_dtype=pdtype, lora=lora_lib.for_target(cfg.lora, "self_conditioning"))
     gate = layers.Einsum((D, F), "...d,df->...f", ("embed", "mlp"), name="gate_proj", **kw)(normed)
     up = layers.Einsum((D, F), "...d,df->...f", ("embed", "mlp"), name="up_proj", **kw)(normed)
     sc = layers.Einsum((F, D), "...f,fd->...d", ("mlp", "embed"), name="down_proj", **kw)(layers.gelu(gate) * up)

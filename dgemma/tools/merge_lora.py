@@ -1,0 +1,68 @@
+"""Fold a LoRA adapter checkpoint into its base weights: a full params checkpoint with W + (alpha/r) A B.
+
+  python -m dgemma.tools.merge_lora --adapter=workdirs/lora/adapter --out=/ckpts/merged
+  python -m dgemma.tools.merge_lora --base=/ckpts/base --adapter=workdirs/lora/adapter --out=/ckpts/merged
+
+`--base` defaults to the checkpoint the adapter was trained from (adapter_config.json 'base', i.e. the
+run's train.init_from). The result is a plain dgemma params checkpoint (no adapters; the base's
+model_config.json and extra JSON files such as hf_config.json are kept): train from it
+(train.init_from), export it (python -m dgemma.convert --from_ckpt), or compare it with the unmerged run.
+
+Only finetune.mode='lora' adapters can be merged. A head_only adapter acts only in decoder mode, while
+the encoder shares the same weights: folding it in would change the encoder (and its KV cache), so the
+tool refuses; sample from the training workdir instead (python sample.py --workdir=...).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from absl import app, flags, logging
+
+from dgemma import checkpoint_io, finetune, trainer
+from dgemma.model import lora
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("base", None, "Base dgemma params checkpoint (default: the adapter's recorded base).")
+flags.DEFINE_string("adapter", None, "Adapter checkpoint written by training (WORKDIR/adapter).")
+flags.DEFINE_string("out", None, "Merged params checkpoint directory to write.")
+flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.")
+
+
+def merge_checkpoints(adapter_dir: str, out_dir: str, base_dir: str | None = None, *, overwrite: bool = False) -> dict:
+  """Writes the merged checkpoint; returns the adapter_config. Errors name the flag at fault."""
+  adapter, adapter_model, meta = finetune.load_adapter(adapter_dir)
+  if meta["mode"] != "lora":
+    raise ValueError(f"--adapter: {adapter_dir} is a {meta['mode']!r} adapter; only 'lora' adapters can be merged "
+                     "(head_only adapters act only in decoder mode, and the encoder shares the weights: merging "
+                     "would change the encoder and its KV cache). Sample from the training workdir instead.")
+  base_dir = base_dir or meta.get("base")
+  if not base_dir:
+    raise ValueError(f"--base: {adapter_dir} records no base checkpoint (the run had no train.init_from); pass --base")
+  if Path(out_dir).exists() and not overwrite:
+    raise FileExistsError(f"--out: {out_dir} already exists (pass --overwrite to replace it)")
+  base, base_model = checkpoint_io.load_params(base_dir)
+  for field, value in adapter_model.items():
+    if field not in trainer._RUNTIME_FIELDS and base_model.get(field) != value:
+      raise ValueError(f"--base: model.{field} of {base_dir} is {base_model.get(field)!r}, but the adapter was "
+                       f"trained on {value!r}")
+  scale = float(meta["lora"]["alpha"]) / int(meta["lora"]["rank"])
+  merged = lora.merge(base, adapter, scale)
+  extra = {p.name: checkpoint_io.read_extra_json(base_dir, p.name) for p in Path(base_dir).glob("*.json")
+           if p.name != checkpoint_io.MODEL_CONFIG}
+  checkpoint_io.save_params(out_dir, merged, base_model, extra_json=extra, overwrite=overwrite)
+  return meta
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS.adapter or not FLAGS.out:
+    raise app.UsageError("--adapter and --out are required")
+  meta = merge_checkpoints(FLAGS.adapter, FLAGS.out, FLAGS.base, overwrite=FLAGS.overwrite)
+  logging.info("wrote %s (rank %d, alpha %g, targets %s)", FLAGS.out, meta["lora"]["rank"], meta["lora"]["alpha"],
+               ",".join(meta["lora"]["targets"]))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,96 @@
+"""Fine-tuning runs: the shipped fine-tuning configs at tiny size through `train_and_evaluate` from a
+params checkpoint (train.init_from); frozen leaves bit-unchanged, trained ones moved, optimizer state
+only for trained leaves, the adapter checkpoint, and sampling from a head-only workdir."""
+
+import flax
+import jax
+import numpy as np
+
+from configs import adapt_from_gemma4, finetune_head_lora
+from dgemma import checkpoint_io, finetune, sample_lib, trainer
+from dgemma import config as config_lib
+from dgemma.model import lora
+from tests.model_utils import random_params
+
+
+def _base_checkpoint(tiny_config, path, *, moe: bool = True):
+  """A random-weights params checkpoint of a two-global-layer tiny model (a one-layer scanned block:
+  half the compile time of tiny's sliding + global pattern); returns (path, flat params)."""
+  tiny_config.model.num_layers, tiny_config.model.layer_types = 2, ("global", "global")
+  if not moe:
+    tiny_config.model.num_experts = 0
+  cfg = config_lib.validate(tiny_config)
+  params = jax.device_get(random_params(cfg))
+  checkpoint_io.save_params(path, params, cfg.to_dict())
+  return path, flax.traverse_util.flatten_dict(params)
+
+
+def _tiny(config, tiny_config):
+  """A shipped config shrunk to tiny_test's data / sizes (its model already comes from the checkpoint)."""
+  config.data = tiny_config.data
+  config.diffusion.canvas_len = tiny_config.diffusion.canvas_len
+  config.model.remat, config.model.dtype = "none", "float32"
+  config.train.update(num_steps=2, eval_every=2, ckpt_every=2, eval_batches=1, progress_bar=False,
+                      async_checkpointing=False)
+  return config
+
+
+def _adam_mu(opt_state):
+  """The Adam first moments (MaskedNode where a leaf has no optimizer state)."""
+  found = []
+  jax.tree.map(lambda s: found.append(s.mu) if hasattr(s, "mu") else None, opt_state,
+               is_leaf=lambda s: hasattr(s, "mu"))
+  (mu,) = found
+  return flax.traverse_util.flatten_dict(mu)
+
+
+def test_adapt_from_gemma4_tiny_full_with_frozen_router(tiny_config, tmp_path):
+  ckpt, base = _base_checkpoint(tiny_config, tmp_path / "base")
+  config = _tiny(adapt_from_gemma4.get_config(str(ckpt)), tiny_config)
+  config.diffusion.self_cond_prob = 0.0  # one decoder pass (compile time)
+  config.finetune.freeze_router = True
+  state = trainer.train_and_evaluate(config, str(tmp_path / "wd"))
+  assert int(state.step) == 2
+  params = flax.traverse_util.flatten_dict(jax.device_get(state.params))
+  assert set(params) == set(base)  # full mode: no adapters
+  router = [k for k in base if "router" in k]
+  assert len(router) == 3  # proj kernel, scale, per_expert_scale (stacked over the 2 blocks)
+  for k in router:
+    np.testing.assert_array_equal(params[k], base[k], err_msg="/".join(k))
+  # everything else trains (self-conditioning gets no gradient: self_cond_prob = 0 gives it a zero signal)
+  assert all(not np.array_equal(params[k], base[k]) for k in base if k not in router and k[0] != "self_conditioning")
+  mu = _adam_mu(state.opt_state)
+  assert {k for k, v in mu.items() if hasattr(v, "shape")} == set(base) - set(router)
+  assert not (tmp_path / "wd" / finetune.ADAPTER_DIR).exists()
+
+
+def test_finetune_head_lora_tiny_trains_only_head_and_samples(tiny_config, tmp_path):
+  # no MoE branch here (compile time; its adapters are tested in test_lora.py, and this config keeps
+  # the router frozen); self-conditioning stays on: head_only trains it
+  ckpt, base = _base_checkpoint(tiny_config, tmp_path / "base", moe=False)
+  config = _tiny(finetune_head_lora.get_config(str(ckpt)), tiny_config)
+  workdir = tmp_path / "wd"
+  state = trainer.train_and_evaluate(config, str(workdir))
+  params = flax.traverse_util.flatten_dict(jax.device_get(state.params))
+  adapters = [k for k in params if k not in base]
+  assert adapters and all(lora.is_adapter(k[-1]) for k in adapters)
+  assert not any("router" in k or k[0] == "self_conditioning" for k in adapters)  # freeze_router, SC in full
+  head = [k for k in base if k[0] == "self_conditioning"]
+  for k in base:
+    if k not in head:  # the encoder / trunk / embedding: bit-unchanged
+      np.testing.assert_array_equal(params[k], base[k], err_msg="/".join(k))
+  assert all(not np.array_equal(params[k], base[k]) for k in head)  # trained in full
+  assert all(np.any(params[k] != 0) for k in adapters if k[-1].endswith(lora.LORA_B))  # B left zero
+  mu = _adam_mu(state.opt_state)
+  assert {k for k, v in mu.items() if hasattr(v, "shape")} == set(head) | set(adapters)
+
+  saved, model_dict, meta = finetune.load_adapter(workdir / finetune.ADAPTER_DIR)
+  assert meta["mode"] == "head_only" and meta["base"] == str(ckpt) and meta["step"] == 2
+  assert model_dict == config_lib.validate(config).to_dict()
+  flat_saved = flax.traverse_util.flatten_dict(saved)
+  assert set(flat_saved) == set(head) | set(adapters)
+  for k, v in flat_saved.items():
+    np.testing.assert_array_equal(v, params[k])
+
+  samples = sample_lib.sample_from_workdir(str(workdir), steps=2, print_fn=lambda *_: None)
+  assert samples.step == 2 and len(samples.texts) == 1 and int(samples.output.num_forwards_B[0]) > 0
