@@ -247,12 +247,12 @@ def make_train_step(model_cfg: ModelConfig, loss_cfg: diffusion.DiffusionLossCon
                     schedule: optax.Schedule, grad_accum_steps: int = 1, finetune_config=None):
   """The jittable step. With frozen parameters (`finetune_config`, dgemma/finetune.py) gradients are
   taken only w.r.t. the trainable leaves (grad_norm is theirs) and frozen leaves pass through as is."""
-  partial = finetune.has_frozen(finetune_config)
+  has_frozen = finetune.has_frozen(finetune_config)
 
   def train_step(state: TrainState, batch: dict, base_rng: jax.Array):
     rng = jax.random.fold_in(base_rng, state.step)
     loss_fn = functools.partial(diffusion.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg)
-    if not partial:
+    if not has_frozen:
       metrics, grads = accumulate_gradients(loss_fn, state.params, batch, rng, loss_cfg, grad_accum_steps)
       grad_norm = optax.tree.norm(grads)
     else:
@@ -266,7 +266,7 @@ def make_train_step(model_cfg: ModelConfig, loss_cfg: diffusion.DiffusionLossCon
                                                 is_leaf=lambda x: x is None))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    if partial:
+    if has_frozen:
       params = jax.tree.map(lambda m, new, old: new if m else old, mask, params, state.params)
     metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
@@ -354,11 +354,11 @@ def state_from_params_checkpoint(path: str, optimizer, abstract_state, shardings
   params_np, _ = checkpoint_io.load_params(path)
   expected = abstract_state.params
   got_paths = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(params_np)}
-  fresh_names = []
+  fresh_names = set()
   for p, leaf in jax.tree_util.tree_leaves_with_path(expected):
     name = jax.tree_util.keystr(p)
     if name not in got_paths and lora.is_adapter(str(p[-1].key)) and init_fn is not None:
-      fresh_names.append(name)
+      fresh_names.add(name)
       continue
     if name not in got_paths:
       raise ValueError(f"train.init_from: {path} has no tensor {name} (expected shape {leaf.shape})")
