@@ -12,7 +12,7 @@ from typing import Any
 import ml_collections
 
 from configs import base
-from dgemma import objectives, tokenizers
+from dgemma import objectives, quant, tokenizers
 from dgemma.model.config import ConfigError, ModelConfig
 
 # Groups whose keys are free-form mappings (mesh axis names) rather than a fixed schema.
@@ -94,6 +94,7 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   unknown_axes = sorted(set(config.mesh.shape.keys()) - {"data", "fsdp", "expert", "tensor"})
   need(not unknown_axes, "mesh.shape", f"unknown mesh axes {unknown_axes}; use data, fsdp, expert, tensor")
   need(sum(1 for v in config.mesh.shape.values() if v == -1) <= 1, "mesh.shape", "at most one axis may be -1")
+  quant.QuantConfig.from_config(config)  # sample.quantize / quant_group_size
   return model_cfg
 
 

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dgemma import quant
 from dgemma.model.config import GLOBAL, ModelConfig
 
 Dtype = Any
@@ -74,7 +75,10 @@ class RMSNorm(nn.Module):
 
 
 class Einsum(nn.Module):
-  """A bias-free projection with a `kernel` of explicit shape / logical axes, applied by `eqn`."""
+  """A bias-free projection with a `kernel` of explicit shape / logical axes, applied by `eqn`.
+
+  The kernel may be a `quant.QArray` (weight-only int8 / int4, dgemma/quant.py): it is dequantized
+  here, inside the (scanned) layer that uses it."""
 
   shape: tuple[int, ...]
   eqn: str
@@ -85,7 +89,7 @@ class Einsum(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     w = self.param("kernel", matrix_init(self.axes), self.shape, self.param_dtype)
-    return jnp.einsum(self.eqn, x.astype(self.dtype), w.astype(self.dtype))
+    return jnp.einsum(self.eqn, x.astype(self.dtype), quant.dequantize(w, self.dtype))
 
 
 def gelu(x: jax.Array) -> jax.Array:

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dgemma import quant
 from dgemma.model.config import ModelConfig
 from dgemma.model import layers
 
@@ -70,7 +71,8 @@ def experts_ragged(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype
 
 
 class Experts(nn.Module):
-  """E GeGLU experts; weights are plain arrays gate_proj/up_proj [E, D, Fe], down_proj [E, Fe, D]."""
+  """E GeGLU experts; weights are plain arrays gate_proj/up_proj [E, D, Fe], down_proj [E, Fe, D]
+  (or `quant.QArray`s, dequantized here to the compute dtype)."""
 
   cfg: ModelConfig
 
@@ -82,8 +84,10 @@ class Experts(nn.Module):
     gate = self.param("gate_proj", layers.matrix_init(("expert", "embed", "expert_mlp")), (E, D, F), pdtype)
     up = self.param("up_proj", layers.matrix_init(("expert", "embed", "expert_mlp")), (E, D, F), pdtype)
     down = self.param("down_proj", layers.matrix_init(("expert", "expert_mlp", "embed")), (E, F, D), pdtype)
+    dtype = layers.compute_dtype(cfg)
+    gate, up, down = (quant.dequantize(w, dtype) for w in (gate, up, down))
     fn = experts_ragged if cfg.moe_impl == "ragged" else experts_dense
-    return fn(x_TD, gate, up, down, weights_Tk, index_Tk, layers.compute_dtype(cfg))
+    return fn(x_TD, gate, up, down, weights_Tk, index_Tk, dtype)
 
 
 def router_losses(logits_TE, probs_TE, index_Tk, valid_T):
