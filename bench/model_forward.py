@@ -25,7 +25,6 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
-from dgemma.model import layers
 from dgemma.tools import params as params_tool
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/models/small.py", "Model preset (or experiment config).")
@@ -61,27 +60,6 @@ def matmul_gflops(n: int = 2048, reps: int = 10) -> float:
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
   f = jax.jit(lambda x: x @ x)
   return 2 * n**3 / time_call(lambda: f(a), reps) / 1e9
-
-
-def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_signal: bool) -> float:
-  """Useful matmul FLOPs of one pass over `tokens` queries attending `keys` keys: active experts only,
-  attention over every key (the masks are dense), and in the decoder the output logits, the
-  self-conditioning MLP and, with a signal, the soft embedding softmax(sc) @ table (the benchmarked
-  encode skips its logits)."""
-  comps = params_tool.summarize(cfg)["components"]
-  trunk = sum(comps[c][1] for c in ("attention", "dense_mlp", "experts", "router"))
-  per_token = 2 * trunk
-  if decoder:
-    per_token += 2 * cfg.vocab_size * cfg.d_model  # output logits
-  if decoder and cfg.self_conditioning:
-    per_token += 2 * comps["self_conditioning"][1]
-    if sc_signal:
-      per_token += 2 * cfg.vocab_size * cfg.d_model
-  attn = 0
-  for kind in cfg.layer_types:
-    _, H = layers.attn_dims(cfg, kind)
-    attn += 4 * cfg.num_heads * H * keys  # q.k and p.v per query
-  return tokens * (per_token + attn)
 
 
 def xla_flops(jitted, *args) -> float:
@@ -140,10 +118,10 @@ def main(argv):
     t0 = time.perf_counter()
     if kind == "decode":
       args = (params, canvas_1C, caches[key], sc if with_sc else None)
-      fn, n, flops = decode, C, forward_flops(cfg, C, S + C, True, with_sc)
+      fn, n, flops = decode, C, params_tool.forward_flops(cfg, C, S + C, True, with_sc)
     else:
       args = (params, ctx_1S)
-      fn, n, flops = encode, S, forward_flops(cfg, S, S, False, False)
+      fn, n, flops = encode, S, params_tool.forward_flops(cfg, S, S, False, False)
     jax.block_until_ready(fn(*args))
     compile_s = time.perf_counter() - t0
     fns.append((kind, label, n, flops, xla_flops(fn, *args), compile_s, lambda fn=fn, args=args: fn(*args)))

@@ -146,6 +146,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.sample.checkpoint_step = -1     # -1 = latest
   config.sample.trajectory_html = ""     # write one denoising trajectory as HTML here
   config.sample.show = "none"            # 'none' | 'live': redraw the canvases in the terminal every step
+  # Weight-only quantization applied at load (dgemma/quant.py, quant.quantize_params): 'none' | 'int8'
+  # (one scale per output channel) | 'int4' (one scale per quant_group_size inputs; 0 = per channel).
+  config.sample.quantize = "none"
+  config.sample.quant_group_size = 64    # int4 group along the contracted axis; must divide it
+  config.sample.quantize_embedding = True  # also the tied embedding / output table (per-row scales)
 
   # Evaluation.
   config.eval = ml_collections.ConfigDict()

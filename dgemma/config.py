@@ -13,7 +13,7 @@ from typing import Any
 import ml_collections
 
 from configs import base
-from dgemma import finetune, objectives, tokenizers
+from dgemma import finetune, objectives, quant, tokenizers
 from dgemma.model.config import ConfigError, ModelConfig
 
 # Groups whose keys are free-form mappings (mesh axis names) rather than a fixed schema.
@@ -109,6 +109,7 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   need(not unknown_axes, "mesh.shape", f"unknown mesh axes {unknown_axes}; use data, fsdp, expert, tensor")
   need(sum(1 for v in config.mesh.shape.values() if v == -1) <= 1, "mesh.shape", "at most one axis may be -1")
   need(isinstance(config.finetune.save_adapter, bool), "finetune.save_adapter", "must be True or False")
+  quant.QuantConfig.from_config(config)  # sample.quantize / quant_group_size
   # LoRA adapters are part of the parameter tree, so the model carries their layout.
   return dataclasses.replace(model_cfg, lora=finetune.lora_config(config.finetune))
 

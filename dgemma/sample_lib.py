@@ -22,11 +22,11 @@ import ml_collections
 import numpy as np
 
 from configs import base
-from dgemma import checkpointing, report, trainer
+from dgemma import checkpointing, quant, report, trainer
 from dgemma import config as config_lib
 from dgemma.data import pipeline as data_pipeline
 from dgemma.data import sft
-from dgemma.model import Transformer
+from dgemma.model import ModelConfig, Transformer
 from dgemma.model.config import ConfigError
 from dgemma.sampling import (GenerateOutput, LivePrinter, SamplerConfig, check_request, generate, infill_arrays,
                              trajectory_steps)
@@ -78,8 +78,11 @@ def sample_from_workdir(workdir: str, config: Optional[ml_collections.ConfigDict
   else:
     prompt_ids = [tokenizer.bos_id] + tokenizer.encode(config.sample.prompt)
   check_request(sampler_cfg, batch=n, prompt_len=len(prompt_ids), max_new_tokens=max_new)
+  qcfg = quant.QuantConfig.from_config(config)
+  quant.check(ModelConfig.from_config_dict(config.model), qcfg)
   mesh = trainer.make_mesh(config.mesh)
   model_cfg, params, step = trainer.load_params(workdir, config, config.sample.checkpoint_step, mesh=mesh)
+  params = quant.quantize_params(params, qcfg)  # sample.quantize: int8 / int4 weights ('none': unchanged)
 
   prompts_BP = np.tile(np.asarray(prompt_ids, np.int32)[None], (n, 1))
   lengths_B = np.full((n,), len(prompt_ids), np.int32)

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dgemma import quant
 from dgemma.model import lora as lora_lib
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model.sharding import constrain
@@ -80,6 +81,8 @@ class Einsum(nn.Module):
 
   With `lora`, the kernel also gets LoRA factors lora_a / lora_b (dgemma/model/lora.py), which are
   always created but added only when `lora_active` (head_only: decoder mode only).
+  The kernel may be a `quant.QArray` (weight-only int8 / int4, dgemma/quant.py): it is dequantized
+  here, inside the (scanned) layer that uses it.
   """
 
   shape: tuple[int, ...]
@@ -94,7 +97,7 @@ class Einsum(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     w = self.param("kernel", matrix_init(self.axes), self.shape, self.param_dtype)
     x = x.astype(self.dtype)
-    y = jnp.einsum(self.eqn, x, w.astype(self.dtype))
+    y = jnp.einsum(self.eqn, x, quant.dequantize(w, self.dtype))
     if self.lora is not None:
       x_sub, w_sub = self.eqn.split("->")[0].split(",")
       n_in = sum(c in x_sub for c in w_sub)  # kernel dims contracted with x come first

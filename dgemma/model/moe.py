@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from dgemma import quant
 from dgemma.model.config import ModelConfig
 from dgemma.model import layers, sharding
 from dgemma.model import lora as lora_lib
@@ -193,7 +194,8 @@ def experts_expert_parallel(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_
 
 
 class Experts(nn.Module):
-  """E GeGLU experts; weights are plain arrays gate_proj/up_proj [E, D, Fe], down_proj [E, Fe, D].
+  """E GeGLU experts; weights are plain arrays gate_proj/up_proj [E, D, Fe], down_proj [E, Fe, D]
+  (or `quant.QArray`s, dequantized here to the compute dtype).
   LoRA (target 'experts'): a per-expert factor pair next to each (gate_proj_lora_a, ...)."""
 
   cfg: ModelConfig
@@ -217,6 +219,7 @@ class Experts(nn.Module):
                                                 batch_shape=(E,), batch_axes=axes[:1])
     adapters = adapters if self.lora_active else {}
     dtype = layers.compute_dtype(cfg)
+    gate, up, down = (quant.dequantize(w, dtype) for w in (gate, up, down))
     if cfg.moe_impl == "expert_parallel":
       if adapters:  # fold W_e + s A_e B_e per expert (a full-size copy of the expert weights)
         fold = lambda w, lr: w + (jnp.einsum("eir,ero->eio", lr.a, lr.b) * lr.scale).astype(w.dtype)

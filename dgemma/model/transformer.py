@@ -63,6 +63,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from dgemma import quant
 from dgemma.model.attention import Attention, decoder_masks, encoder_masks
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model import layers
@@ -189,7 +190,8 @@ _REMAT_POLICIES = {
 
 class Embedder(nn.Module):
   """Tied token table [V, D]: inputs scaled by sqrt(D) cast to the table dtype (HF
-  `DiffusionGemmaTextScaledWordEmbedding`); logits = x @ table^T."""
+  `DiffusionGemmaTextScaledWordEmbedding`); logits = x @ table^T. The table may be a `quant.QArray`
+  (rows dequantized on lookup, the whole table for the logits)."""
 
   cfg: ModelConfig
 
@@ -202,17 +204,17 @@ class Embedder(nn.Module):
     return jnp.asarray(math.sqrt(self.cfg.d_model), self.embedding.dtype)
 
   def encode(self, tokens_BT):
-    return (self.embedding[tokens_BT] * self._scale()).astype(layers.compute_dtype(self.cfg))
+    return (quant.take_rows(self.embedding, tokens_BT) * self._scale()).astype(layers.compute_dtype(self.cfg))
 
   def soft_encode(self, probs_BTV):
     """probs @ table * sqrt(D) (HF decoder self-conditioning soft embeddings)."""
     dtype = layers.compute_dtype(self.cfg)
-    soft = jnp.einsum("btv,vd->btd", probs_BTV.astype(dtype), self.embedding.astype(dtype))
+    soft = jnp.einsum("btv,vd->btd", probs_BTV.astype(dtype), quant.dequantize(self.embedding, dtype))
     return soft * self._scale().astype(dtype)
 
   def attend(self, x_BTD):
     dtype = layers.compute_dtype(self.cfg)
-    return jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), self.embedding.astype(dtype))
+    return jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), quant.dequantize(self.embedding, dtype))
 
 
 class SelfConditioning(nn.Module):

@@ -10,12 +10,18 @@ experiment config (configs/*.py with a `.model` group); overrides then go to `--
 Active per token: routed expert weights count top_k / num_experts; everything else counts fully
 (the tied embedding table is used once as the output projection, so it is all active).
 
-Weight bytes (weights only, no activations / KV cache / optimizer state):
+Weight bytes (weights only, no activations / KV cache / optimizer state; `python -m dgemma.tools.memory`
+adds those):
   bf16: 2 bytes per parameter.
-  int8 / int4: every matrix (embedding, attention, MLP, expert, self-conditioning kernels) at 1 or
-    0.5 byte per weight plus one bf16 scale per output channel (symmetric per-channel quantization;
-    the embedding gets one scale per vocabulary row); router kernels, norm scales, router scales and
-    layer scalars stay bf16. The scales are included in the figure (they are < 0.1% at int8).
+  int8 / int4: the trees `dgemma.quant.quantize_params` makes from the bf16 weights (shapes only):
+    every matrix (embedding, attention, MLP, expert, self-conditioning kernels) at 1 or 0.5 byte per
+    weight plus bf16 scales (int8: one per output channel, the embedding one per vocabulary row; int4:
+    one per group of `group_size` inputs); router kernels, norm scales, router scales and layer scalars
+    stay bf16. The scales are included in the figure.
+
+Also here: `forward_flops`, the useful matmul FLOPs of one encoder / decoder pass (the benchmarks' MFU).
+This module imports neither ml_collections nor absl at import time (bench/gpu_full_model.py uses it
+on a machine that may lack them).
 """
 
 from __future__ import annotations
@@ -24,19 +30,20 @@ import math
 from typing import Any
 
 import flax
-import ml_collections
-from absl import app
-from ml_collections import config_flags
+import jax
 
-from dgemma.model import ConfigError, ModelConfig, count_params, param_shapes
+from dgemma import quant
+from dgemma.model import ConfigError, ModelConfig, count_params, layers, param_shapes
 
 COMPONENTS = ("embedding", "attention", "dense_mlp", "experts", "router", "norms", "self_conditioning")
 
 _CONFIG = None  # the --config flag, defined only when run as a program (the module stays importable)
 
 
-def model_group(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The model group of an experiment config, or the config itself if it is a model preset."""
+def model_group(config):
+  """The model group of an experiment config (an ml_collections.ConfigDict), or the config itself if
+  it is a model preset."""
+  import ml_collections
   if "model" in config and isinstance(config.model, (ml_collections.ConfigDict, dict)):
     return config.model
   return config
@@ -62,48 +69,57 @@ def component(path: tuple[str, ...]) -> str:
   raise ValueError(f"unclassified parameter {name}")
 
 
-def _input_size(path: tuple[str, ...], shape: tuple[int, ...], layered: bool) -> int | None:
-  """Contracted (input) size of a quantizable matrix, or None if the leaf stays bf16."""
-  s = shape[1:] if layered else shape  # drop the stacked 'layers' axis
-  leaf = path[-2] if path[-1] == "kernel" else path[-1]
-  if path[0] == "embedder":
-    return s[1]  # one scale per vocabulary row
-  if "router" in path or len(s) < 2:
-    return None
-  if "experts" in path:
-    return s[1]  # [E, D, F] / [E, F, D]: the middle axis is contracted
-  if leaf == "o_proj":
-    return s[0] * s[1]  # [N, H, D]
-  return s[0]  # [D, ...] / [F, D]
+def quantized_shapes(cfg: ModelConfig, qcfg: "quant.QuantConfig", dtype: str = "bfloat16") -> Any:
+  """The tree `quant.quantize_params` makes from `dtype` weights of this architecture (shapes only)."""
+  shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, layers.dtype_of(dtype)), param_shapes(cfg))
+  return jax.eval_shape(lambda p: quant.quantize_params(p, qcfg), shapes)
 
 
-def summarize(cfg: ModelConfig) -> dict[str, Any]:
-  """{'total', 'active', 'components': {name: (total, active)}, 'bytes': {'bf16', 'int8', 'int4'}}."""
+def summarize(cfg: ModelConfig, group_size: int = quant.QuantConfig.group_size) -> dict[str, Any]:
+  """{'total', 'active', 'components': {name: (total, active)}, 'bytes': {'bf16', 'int8', 'int4'},
+  'quantized_params', 'scales'} (int4 with groups of `group_size`; see the module docstring)."""
   counts = count_params(cfg)
   flat = flax.traverse_util.flatten_dict(param_shapes(cfg))
   frac = cfg.experts_per_token / cfg.num_experts if cfg.num_experts else 1.0
   comps = {c: [0, 0] for c in COMPONENTS}
-  quant_weights = quant_scales = kept = 0
   for path, leaf in flat.items():
     n = math.prod(leaf.shape)
     c = component(path)
     comps[c][0] += n
     comps[c][1] += n * frac if c == "experts" else n
-    fan_in = _input_size(path, tuple(leaf.shape), path[0] == "blocks")
-    if fan_in is None:
-      kept += n
-    else:
-      quant_weights += n
-      quant_scales += n // fan_in
   comps = {c: (t, round(a)) for c, (t, a) in comps.items()}
   total = sum(t for t, _ in comps.values())
   active = sum(a for _, a in comps.values())
   assert total == counts["total"] and active == counts["active"], (counts, total, active)
-  nbytes = {"bf16": 2 * total,
-            "int8": quant_weights + 2 * (quant_scales + kept),
-            "int4": quant_weights // 2 + 2 * (quant_scales + kept)}
+  nbytes = {"bf16": 2 * total}
+  for scheme in ("int8", "int4"):
+    qtree = quantized_shapes(cfg, quant.QuantConfig(scheme, group_size))
+    nbytes[scheme] = quant.tree_bytes(qtree)
+  qleaves = [x for x in jax.tree.leaves(qtree, is_leaf=quant.is_quantized) if quant.is_quantized(x)]
   return {"total": total, "active": active, "components": comps, "bytes": nbytes,
-          "quantized_params": quant_weights, "scales": quant_scales}
+          "quantized_params": sum(math.prod(x.shape) for x in qleaves),
+          "int4_scales": sum(math.prod(x.scale.shape) for x in qleaves), "group_size": group_size}
+
+
+def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_signal: bool) -> float:
+  """Useful matmul FLOPs of one pass over `tokens` queries attending `keys` keys: active experts only,
+  attention over every key (the masks are dense), and in the decoder the output logits, the
+  self-conditioning MLP and, with a signal, the soft embedding softmax(sc) @ table (an encode is
+  counted without its logits, as the sampler runs it)."""
+  comps = summarize(cfg)["components"]
+  trunk = sum(comps[c][1] for c in ("attention", "dense_mlp", "experts", "router"))
+  per_token = 2 * trunk
+  if decoder:
+    per_token += 2 * cfg.vocab_size * cfg.d_model  # output logits
+  if decoder and cfg.self_conditioning:
+    per_token += 2 * comps["self_conditioning"][1]
+    if sc_signal:
+      per_token += 2 * cfg.vocab_size * cfg.d_model
+  attn = 0
+  for kind in cfg.layer_types:
+    _, H = layers.attn_dims(cfg, kind)
+    attn += 4 * cfg.num_heads * H * keys  # q.k and p.v per query
+  return tokens * (per_token + attn)
 
 
 def _fmt(n: float) -> str:
@@ -128,12 +144,14 @@ def report(cfg: ModelConfig, name: str = "") -> str:
   for k, v in s["bytes"].items():
     human = f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.2f} MiB"
     lines.append(f"  {k:<5} {v:>16,d}  ({human})")
-  lines.append(f"  int8/int4: {_fmt(s['quantized_params'])} matrix weights quantized with one bf16 scale per "
-               f"output channel ({_fmt(s['scales'])} scales, included); router, norms and scalars kept bf16")
+  lines.append(f"  int8/int4: {_fmt(s['quantized_params'])} matrix weights quantized (dgemma.quant); bf16 scales "
+               f"included: int8 one per output channel, int4 one per {s['group_size']} inputs "
+               f"({_fmt(s['int4_scales'])}); router, norms and scalars kept bf16")
   return "\n".join(lines)
 
 
 def main(argv):
+  from absl import app
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None:
@@ -147,6 +165,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from absl import app
+  from ml_collections import config_flags
   _CONFIG = config_flags.DEFINE_config_file(
       "config", None, "A model preset (configs/models/*.py) or an experiment config (with a .model group).")
   app.run(main)

@@ -1,0 +1,229 @@
+"""Weight-only int8 / int4 quantization of a dgemma parameter tree, applied at load time.
+
+  qcfg = QuantConfig.from_config(config)          # sample.quantize / quant_group_size / quantize_embedding
+  qparams = quantize_params(params, qcfg)         # the single entry point (sampling, eval, benchmarks)
+  Transformer(cfg).apply({'params': qparams}, ...)  # the model dequantizes each weight where it is used
+
+Scheme (symmetric, round-to-nearest, no zero point):
+  int8: one scale per output channel: scale = max|w| / 127 over the contracted (input) axes.
+  int4: one scale per group of `group_size` consecutive input elements of an output channel:
+        scale = max|w| / 7 over the group (group_size 0 = per output channel, like int8).
+  q = clip(round(w / scale), -qmax, qmax), stored as jnp.int8 / jnp.int4 (XLA packs int4 two per byte
+  on CPU and GPU: a [64, 1024, 1024] int4 argument is 32 MiB in `memory_analysis()`); scales are stored
+  in the weight's own dtype (bf16 for a bf16 checkpoint) and q is computed from the stored scale.
+  Dequantized weight = q * scale, in the compute dtype.
+
+What is quantized (`contracted_axes`): the embedding table [V, D] (one scale / group row per vocabulary
+entry, so a looked-up row is dequantized alone), attention q/k/v [D, K, H] (contract D) and o [N, H, D]
+(contract N, H; groups along H), dense and self-conditioning GeGLU kernels [D, F] / [F, D], and the
+stacked experts [E, D, F] / [E, F, D] (contract the middle axis). Router kernels, norm scales, router
+scales and layer scalars stay in their dtype. Stacked `blocks` leaves keep their leading 'layers' axis
+in q and scale alike, so `nn.scan` slices a `QArray` like any weight and each layer is dequantized
+inside the scanned block: full-precision weights of more than one layer never exist at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from dgemma.model import lora
+from dgemma.model.config import ConfigError
+
+SCHEMES = ("none", "int8", "int4")
+_QMAX = {"int8": 127, "int4": 7}
+_QDTYPE = {"int8": jnp.int8, "int4": jnp.int4}
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantConfig:
+  """scheme: 'none' | 'int8' (per output channel) | 'int4' (per group of group_size inputs; 0 = per
+  output channel). embedding: also quantize the tied embedding / output table."""
+
+  scheme: str = "none"
+  group_size: int = 64
+  embedding: bool = True
+
+  def __post_init__(self):
+    if self.scheme not in SCHEMES:
+      raise ConfigError(f"sample.quantize must be one of {SCHEMES}, got {self.scheme!r}")
+    if int(self.group_size) < 0:
+      raise ConfigError(f"sample.quant_group_size must be >= 0 (0 = per output channel), got {self.group_size}")
+
+  @classmethod
+  def from_config(cls, config) -> "QuantConfig":
+    s = config.sample  # runs saved before these keys existed sample unquantized
+    return cls(scheme=str(s.get("quantize", "none")), group_size=int(s.get("quant_group_size", 64)),
+               embedding=bool(s.get("quantize_embedding", True)))
+
+
+@struct.dataclass
+class QArray:
+  """A quantized weight: `q` (int8 / int4, the weight's shape) and `scale` (q's shape with every
+  contracted axis reduced to its number of groups: 1 per channel, n for n groups along `group_axis`).
+
+  `q` is the first field: flax checks a stored parameter's first leaf against the declared shape.
+  `group_axis` is negative so it stays valid when `nn.scan` strips the leading 'layers' axis.
+  """
+
+  q: jax.Array
+  scale: jax.Array
+  group_axis: int = struct.field(pytree_node=False, default=-1)
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return tuple(self.q.shape)
+
+  @property
+  def dtype(self):
+    """The dtype of the weight it replaces (the scale's)."""
+    return self.scale.dtype
+
+
+def is_quantized(x: Any) -> bool:
+  return isinstance(x, QArray)
+
+
+def dequantize(w: Any, dtype=None) -> jax.Array:
+  """q * scale as `dtype` (default: the original weight dtype); plain arrays are only cast."""
+  if not isinstance(w, QArray):
+    return w if dtype is None else w.astype(dtype)
+  dtype = w.dtype if dtype is None else dtype
+  q, scale = w.q, w.scale
+  ax = w.group_axis % q.ndim
+  n = scale.shape[ax]
+  # split the grouped axis into [n groups, group size]; the scale broadcasts over the group
+  q_g = q.reshape(q.shape[:ax] + (n, q.shape[ax] // n) + q.shape[ax + 1:])
+  s_g = jnp.expand_dims(scale, ax + 1)
+  return (q_g.astype(dtype) * s_g.astype(dtype)).reshape(q.shape)
+
+
+def take_rows(w: Any, index: jax.Array) -> jax.Array:
+  """w[index] along axis 0 (an embedding lookup), dequantizing only the rows taken."""
+  if not isinstance(w, QArray):
+    return w[index]
+  return dequantize(QArray(q=w.q[index], scale=w.scale[index], group_axis=w.group_axis))
+
+
+def contracted_axes(path: tuple[str, ...], ndim: int, embedding: bool = True) -> tuple[int, ...] | None:
+  """Negative axes a weight is contracted over (its input axes), or None if it stays unquantized.
+
+  `path`: the parameter's key path (strings); `ndim` counts a leading 'layers' axis if any.
+  """
+  leaf = path[-2] if path[-1] == "kernel" else path[-1]
+  if lora.is_adapter(path[-1]):       # LoRA factors stay in full precision (QLoRA-style)
+    return None
+  if path[0] == "embedder":
+    return (-1,) if embedding else None
+  if "router" in path or ndim < 2:
+    return None
+  if "experts" in path:
+    return (-2,)                      # [E, D, F] / [E, F, D]
+  if path[-1] != "kernel":
+    return None
+  if leaf == "o_proj":
+    return (-3, -2)                   # [N, H, D]
+  if leaf in ("q_proj", "k_proj", "v_proj"):
+    return (-3,)                      # [D, K, H]
+  if leaf in ("gate_proj", "up_proj", "down_proj"):
+    return (-2,)                      # [D, F] / [F, D]
+  return None
+
+
+def _num_groups(size: int, group_size: int, scheme: str, name: str) -> int:
+  if scheme == "int8" or group_size == 0 or group_size >= size:
+    return 1
+  if size % group_size:
+    raise ConfigError(f"sample.quant_group_size: {group_size} does not divide the input size {size} of {name}; "
+                      f"pick a divisor (or 0 = per output channel)")
+  return size // group_size
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def quantize_array(w: jax.Array, axes: tuple[int, ...], scheme: str, group_size: int = 0,
+                   name: str = "weight") -> QArray:
+  """Quantizes one weight over its contracted `axes` (negative); groups along the last of them.
+  Jitted (one compile per shape and setting); `name` only labels errors."""
+  ndim = w.ndim
+  axes = tuple(sorted(a % ndim for a in axes))
+  ax = axes[-1]
+  n = _num_groups(w.shape[ax], group_size, scheme, name)
+  qmax = _QMAX[scheme]
+  w32 = jnp.asarray(w).astype(jnp.float32)
+  w_g = w32.reshape(w.shape[:ax] + (n, w.shape[ax] // n) + w.shape[ax + 1:])
+  red = tuple(a for a in axes if a != ax) + (ax + 1,)  # group axis ax+1 in the split layout
+  amax = jnp.max(jnp.abs(w_g), axis=red, keepdims=True)
+  # the stored (possibly bf16) scale is what q is computed against; all-zero groups get scale 1
+  scale = jnp.where(amax > 0, amax / qmax, 1.0).astype(w.dtype)
+  q = jnp.clip(jnp.round(w_g / scale.astype(jnp.float32)), -qmax, qmax).astype(_QDTYPE[scheme]).reshape(w.shape)
+  return QArray(q=q, scale=jnp.squeeze(scale, axis=ax + 1), group_axis=ax - ndim)
+
+
+def _path_names(path) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def quantize_params(params: Any, qcfg: QuantConfig) -> Any:
+  """The params tree with every quantizable weight replaced by a `QArray` (others unchanged).
+
+  Leaves may be numpy (e.g. `checkpoint_io.load_params`) or jax arrays; each weight is quantized by
+  its own jitted call, so peak memory is the input tree plus one weight's temporaries. Under
+  `jax.eval_shape` it gives the quantized tree's shapes without allocating (dgemma.tools.memory).
+  Bad group sizes raise ConfigError naming sample.quant_group_size before any weight is touched.
+  """
+  if qcfg.scheme == "none":
+    return params
+  plan = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    names = _path_names(path)
+    axes = contracted_axes(names, np.ndim(leaf), qcfg.embedding)
+    if axes is not None:
+      size = np.shape(leaf)[axes[-1]]
+      _num_groups(size, qcfg.group_size, qcfg.scheme, "/".join(names))  # validate before any work
+      plan[names] = axes
+
+  def convert(path, leaf):
+    names = _path_names(path)
+    if names not in plan:
+      return leaf
+    return quantize_array(leaf, plan[names], qcfg.scheme, int(qcfg.group_size), "/".join(names))
+
+  return jax.tree_util.tree_map_with_path(convert, params)
+
+
+def check(model_cfg, qcfg: QuantConfig) -> None:
+  """Raises ConfigError (naming sample.quant_group_size) if `qcfg` cannot quantize this architecture;
+  shapes only, nothing is allocated: call it before reading a checkpoint."""
+  from dgemma.model import param_shapes
+  if qcfg.scheme != "none":
+    jax.eval_shape(lambda p: quantize_params(p, qcfg), param_shapes(model_cfg))
+
+
+def tree_bytes(tree: Any) -> int:
+  """Storage bytes of a (possibly quantized, possibly abstract) tree: int4 counts half a byte."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    dt = jnp.dtype(leaf.dtype)
+    bits = 4 if dt == jnp.dtype(jnp.int4) else 8 * dt.itemsize
+    total += math.prod(leaf.shape) * bits // 8
+  return total
+
+
+def load_quantized(path: str, qcfg: QuantConfig, *, dtype: str | None = None):
+  """A dgemma params checkpoint (e.g. bf16, from `python -m dgemma.convert --to PATH`) -> (ModelConfig,
+  quantized params on the default device). `dtype` overrides the model's compute dtype."""
+  from dgemma import checkpoint_io
+  from dgemma.model import ModelConfig
+
+  params_np, cfg_dict = checkpoint_io.load_params(path)
+  if dtype is not None:
+    cfg_dict = dict(cfg_dict, dtype=dtype)
+  cfg = ModelConfig.from_config_dict(cfg_dict)
+  return cfg, jax.device_put(quantize_params(params_np, qcfg))

@@ -1,0 +1,278 @@
+"""Memory estimate of a config, per device, from shapes only (nothing is allocated or compiled).
+
+  python -m dgemma.tools.memory --config=configs/models/diffusiongemma_26b_a4b.py --quantize=int4 --context=4096
+  python -m dgemma.tools.memory --config=configs/demo.py --mesh=data=1,fsdp=2 --config.model.remat=full
+  python -m dgemma.tools.memory --config=configs/models/diffusiongemma_26b_a4b.py --mesh=fsdp=8 --train_batch=8 \
+      --seq_len=4096 --config.remat=full
+
+`--config` is a model preset (configs/models/*.py; the rest of the settings are configs/base.py's) or an
+experiment config. Overrides go to `--config.<field>` / `--config.model.<field>` as in dgemma.tools.params.
+
+Inference (one device; the sampler at `--batch` rows, `--canvas` = diffusion.canvas_len by default):
+  weights      the `dgemma.quant.quantize_params` tree of the param_dtype weights (`--quantize`), or plain;
+  KV cache     `init_cache` of `--context` slots (every layer keeps all slots, sliding ones included);
+  canvas step  the working set of one denoising step (decoder pass with self-conditioning + the sampler's
+               [B, C, V] work) against that cache: the peak of `activation_peak` over its jaxpr, less
+               the weights and cache it reads.
+Training (per device of `--mesh`, default config.mesh.shape; a -1 axis takes what the others leave of
+`--devices`): params, gradients and optimizer state sharded like the trainer shards them (logical axes
++ mesh.axis_rules, `trainer.abstract_train_state` on an abstract mesh), and the working set of
+value_and_grad(diffusion_loss) at the per-device batch (batch / (data x fsdp)) under model.remat, less
+its parameter inputs and gradient outputs. Activations are not divided over tensor / expert axes.
+
+`activation_peak` walks a jaxpr in program order, keeping every value until its last use and adding
+the peak of nested programs (scan / while / cond / remat bodies): XLA fuses elementwise chains and
+reuses buffers, so it over-counts fusible temporaries; docs/benchmarks.md compares it with XLA's
+compiled buffer assignment (`bench/memory_check.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dgemma import quant
+from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
+from dgemma.tools import params as params_tool
+
+_CONFIG = None  # flags, defined only when run as a program
+_FLAGS = {}
+GiB = 2**30
+
+
+# ---- program working sets -------------------------------------------------------------------------
+
+def _aval_bytes(aval) -> int:
+  shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+  if shape is None or dtype is None:
+    return 0
+  if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    return math.prod(shape) * 8
+  bits = 4 if jnp.dtype(dtype) in (jnp.dtype(jnp.int4), jnp.dtype(jnp.uint4)) else 8 * jnp.dtype(dtype).itemsize
+  return math.prod(shape) * bits // 8
+
+
+def _inner_jaxprs(eqn):
+  for v in eqn.params.values():
+    for x in (v if isinstance(v, (tuple, list)) else (v,)):
+      if isinstance(x, jax.extend.core.ClosedJaxpr):
+        yield x.jaxpr
+      elif isinstance(x, jax.extend.core.Jaxpr):
+        yield x
+
+
+def activation_peak(jaxpr) -> int:
+  """Peak bytes live at once when `jaxpr`'s equations run in order (inputs included): a value lives
+  from the equation that makes it to its last use; a nested program adds its own peak less its inputs."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  Var = jax.extend.core.Var
+  last = {}
+  n = len(jaxpr.eqns)
+  for i, e in enumerate(jaxpr.eqns):
+    for v in e.invars:
+      if isinstance(v, Var):
+        last[v] = i
+  for v in jaxpr.outvars:
+    if isinstance(v, Var):
+      last[v] = n
+  live = {v: _aval_bytes(v.aval) for v in list(jaxpr.invars) + list(jaxpr.constvars)}
+  cur = sum(live.values())
+  peak = cur
+  for i, e in enumerate(jaxpr.eqns):
+    inner = max((activation_peak(j) - sum(_aval_bytes(v.aval) for v in j.invars) for j in _inner_jaxprs(e)),
+                default=0)
+    out = sum(_aval_bytes(v.aval) for v in e.outvars)
+    peak = max(peak, cur + max(inner, 0) + out)
+    for v in e.outvars:
+      live[v] = _aval_bytes(v.aval)
+      cur += live[v]
+    for v in [x for x in e.invars if isinstance(x, Var)] + list(e.outvars):
+      if isinstance(v, Var) and last.get(v, -1) <= i and v in live:
+        cur -= live.pop(v)
+  return peak
+
+
+def tree_bytes(tree) -> int:
+  return quant.tree_bytes(tree)
+
+
+# ---- inference ------------------------------------------------------------------------------------
+
+def canvas_step_program(cfg: ModelConfig, qcfg: quant.QuantConfig, context: int, canvas: int, batch: int = 1):
+  """(fn, abstract args) of one denoising step (decoder pass + sampler) against a `context`-slot cache;
+  args = (weights, cache, key)."""
+  from dgemma.sampling import SamplerConfig, as_noise, denoise_canvas
+
+  weights = params_tool.quantized_shapes(cfg, qcfg, cfg.param_dtype) if qcfg.scheme != "none" else param_shapes(cfg)
+  cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, jnp.dtype(cfg.dtype)))
+  model = Transformer(cfg)
+  scfg = SamplerConfig(canvas_len=canvas, max_denoising_steps=1, confidence_threshold=0.0, early_exit=False,
+                       end_ids=(), max_context=context + canvas + 1)
+
+  def one_step(params, cache, key):
+    positions = context + jnp.broadcast_to(jnp.arange(canvas, dtype=jnp.int32), (batch, canvas))
+    ones = jnp.ones((batch, canvas), jnp.int32)
+
+    def decode_fn(canvas_BC, sc_logits_BCV, sc_mask_B):
+      return model.apply({"params": params}, canvas_BC, positions, ones, cache, sc_logits_BCV=sc_logits_BCV,
+                         sc_mask_B=sc_mask_B, method="decode")
+
+    noise = as_noise(key, batch)
+    state = denoise_canvas(decode_fn, scfg, noise, noise.init_canvas(0, canvas, cfg.vocab_size), cfg.vocab_size,
+                           sc_dtype=jnp.dtype(cfg.param_dtype))
+    return state.argmax_BC
+
+  return one_step, (weights, cache, jax.eval_shape(lambda: jax.random.key(0)))
+
+
+def inference_estimate(cfg: ModelConfig, qcfg: quant.QuantConfig, context: int, canvas: int,
+                       batch: int = 1) -> dict[str, int]:
+  """{'weights', 'kv_cache', 'canvas_step'} bytes on one device (see the module docstring)."""
+  fn, (weights, cache, key) = canvas_step_program(cfg, qcfg, context, canvas, batch)
+  jaxpr = jax.make_jaxpr(fn)(weights, cache, key)
+  w, c = tree_bytes(weights), tree_bytes(cache)
+  return {"weights": w, "kv_cache": c, "canvas_step": activation_peak(jaxpr) - w - c}
+
+
+# ---- training -------------------------------------------------------------------------------------
+
+def _abstract_mesh(sizes: dict[str, int]):
+  from dgemma import trainer
+  return jax.sharding.AbstractMesh(tuple(int(sizes[a]) for a in trainer.MESH_AXES), trainer.MESH_AXES)
+
+
+def mesh_sizes(mesh_shape, devices: int) -> dict[str, int]:
+  """Axis sizes with a -1 axis resolved against `devices`."""
+  from dgemma import trainer
+  from dgemma.model.config import ConfigError
+  sizes = {a: int(mesh_shape.get(a, 1)) for a in trainer.MESH_AXES}
+  known = math.prod(s for s in sizes.values() if s != -1)
+  for a, s in sizes.items():
+    if s == -1:
+      if devices % known:
+        raise ConfigError(f"mesh.shape: {dict(mesh_shape)} does not divide --devices={devices}")
+      sizes[a] = devices // known
+  return sizes
+
+
+def train_grad_program(config, sizes: dict[str, int]):
+  """(fn, abstract args, abstract sharded train state) of value_and_grad(diffusion_loss) at the
+  per-device batch; args = (params, batch, rng)."""
+  from dgemma import config as config_lib, diffusion, trainer
+
+  model_cfg = config_lib.validate(config)
+  mesh = _abstract_mesh(sizes)
+  optimizer = trainer.make_optimizer(config.opt, int(config.train.num_steps))
+  _, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
+  b = max(int(config.data.batch_size) // (sizes["data"] * sizes["fsdp"]), 1)
+  L = int(config.data.seq_len)
+  batch = {k: jax.ShapeDtypeStruct((b, L), jnp.int32) for k in ("tokens", "segment_ids", "positions")}
+  loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
+  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract.params)
+  grad_fn = jax.value_and_grad(functools.partial(diffusion.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg),
+                               has_aux=True)
+  return grad_fn, (params, batch, jax.eval_shape(lambda: jax.random.PRNGKey(0))), abstract
+
+
+def training_estimate(config, sizes: dict[str, int]) -> dict[str, int]:
+  """{'params', 'grads', 'opt_state', 'activations', 'batch_per_device'} bytes per device."""
+  fn, (params, batch, rng), abstract = train_grad_program(config, sizes)
+  per_dev = lambda tree: sum(_aval_bytes(jax.ShapeDtypeStruct(x.sharding.shard_shape(x.shape), x.dtype))
+                             for x in jax.tree.leaves(tree))
+  jaxpr = jax.make_jaxpr(fn)(params, batch, rng)
+  full = tree_bytes(params)
+  working = activation_peak(jaxpr) - 2 * full - tree_bytes(batch)  # less params in and grads out
+  return {"params": per_dev(abstract.params), "grads": per_dev(abstract.params),
+          "opt_state": per_dev(abstract.opt_state), "activations": max(working, 0),
+          "batch_per_device": batch["tokens"].shape[0]}
+
+
+# ---- CLI ------------------------------------------------------------------------------------------
+
+def _experiment_config(config):
+  """An experiment config: `config` itself, or configs/base.py with `config` as its model group."""
+  from configs import base
+  if "model" in config:
+    return config
+  full = base.get_config()
+  full.model = config
+  full.data.tokenizer.kind = "file"  # a preset names no tokenizer; the vocabulary is the model's
+  return full
+
+
+def report(config, *, quantize: str, group_size: int, context: int, canvas: int, batch: int, mesh_shape,
+           devices: int, budget_gib: float, training: bool = True) -> str:
+  cfg = ModelConfig.from_config_dict(config.model)
+  qcfg = quant.QuantConfig(quantize, group_size)
+  inf = inference_estimate(cfg, qcfg, context, canvas, batch)
+  total = sum(inf.values())
+  name = config.model.get("preset", "?")
+  fmt = lambda x: f"{x / GiB:8.3f} GiB"
+  lines = [f"model: {name} (d={cfg.d_model}, layers={cfg.num_layers}, vocab={cfg.vocab_size}); param_dtype "
+           f"{cfg.param_dtype}, compute {cfg.dtype}",
+           f"inference, one device: weights {quantize}" + (f" (int4 groups of {group_size})" if quantize == "int4" else "")
+           + f", KV cache {context} slots, batch {batch}, canvas {canvas}",
+           f"  weights          {fmt(inf['weights'])}",
+           f"  KV cache         {fmt(inf['kv_cache'])}",
+           f"  canvas step      {fmt(inf['canvas_step'])}   (one denoising step's working set)",
+           f"  total            {fmt(total)}   -> {'fits' if total <= budget_gib * GiB else 'does NOT fit'} in "
+           f"{budget_gib:g} GiB ({budget_gib * GiB / 1e9:.1f} GB)"]
+  if training:
+    sizes = mesh_sizes(mesh_shape, devices)
+    tr = training_estimate(config, sizes)
+    t_total = tr["params"] + tr["grads"] + tr["opt_state"] + tr["activations"]
+    lines += [f"training, per device of mesh {sizes} (batch {config.data.batch_size} x {config.data.seq_len}: "
+              f"{tr['batch_per_device']} rows per device; remat={cfg.remat}, opt.state_dtype={config.opt.state_dtype})",
+              f"  params           {fmt(tr['params'])}",
+              f"  gradients        {fmt(tr['grads'])}",
+              f"  optimizer state  {fmt(tr['opt_state'])}",
+              f"  activations      {fmt(tr['activations'])}   (working set of value_and_grad at the per-device batch)",
+              f"  total            {fmt(t_total)}"]
+  return "\n".join(lines)
+
+
+def main(argv):
+  from absl import app
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _CONFIG.value is None:
+    raise app.UsageError("--config is required")
+  config = _experiment_config(_CONFIG.value)
+  mesh_shape = dict(config.mesh.shape)
+  for item in _FLAGS["mesh"].value:
+    axis, _, size = item.partition("=")
+    mesh_shape[axis] = int(size)
+  if _FLAGS["train_batch"].value:
+    config.data.batch_size = _FLAGS["train_batch"].value
+  if _FLAGS["seq_len"].value:
+    config.data.seq_len = _FLAGS["seq_len"].value
+  canvas = _FLAGS["canvas"].value or int(config.diffusion.canvas_len)
+  print(report(config, quantize=_FLAGS["quantize"].value, group_size=_FLAGS["group_size"].value,
+               context=_FLAGS["context"].value, canvas=canvas, batch=_FLAGS["batch"].value, mesh_shape=mesh_shape,
+               devices=_FLAGS["devices"].value, budget_gib=_FLAGS["budget_gib"].value,
+               training=_FLAGS["training"].value))
+
+
+if __name__ == "__main__":
+  from absl import app, flags
+  from ml_collections import config_flags
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "A model preset or an experiment config.")
+  _FLAGS.update(
+      quantize=flags.DEFINE_enum("quantize", "none", list(quant.SCHEMES), "Inference weights."),
+      group_size=flags.DEFINE_integer("group_size", quant.QuantConfig.group_size, "int4 group size."),
+      context=flags.DEFINE_integer("context", 4096, "KV cache slots (prompt + committed canvases)."),
+      canvas=flags.DEFINE_integer("canvas", 0, "Canvas tokens (0 = diffusion.canvas_len)."),
+      batch=flags.DEFINE_integer("batch", 1, "Sampler rows."),
+      mesh=flags.DEFINE_list("mesh", [], "Mesh axis sizes overriding config.mesh.shape, e.g. data=1,fsdp=8."),
+      devices=flags.DEFINE_integer("devices", 1, "Devices a -1 mesh axis is resolved against."),
+      budget_gib=flags.DEFINE_float("budget_gib", 18e9 / 2**30, "Inference memory budget (default 18 GB)."),
+      training=flags.DEFINE_bool("training", True, "Also estimate training memory."),
+      train_batch=flags.DEFINE_integer("train_batch", 0, "Training global batch (0 = data.batch_size)."),
+      seq_len=flags.DEFINE_integer("seq_len", 0, "Training row length (0 = data.seq_len)."),
+  )
+  app.run(main)
