@@ -10,9 +10,11 @@ Interface (an ablation config's `get_config()` returns a ConfigDict with these f
   checkpoint  str: a trained run of `base` (training workdir or params checkpoint, eval/checkpoints.py)
               for the settings that change only evaluation keys; '' = train `base` (+ `overrides`) into
               out_dir/runs/base first.
-  overrides   dict: dotted key -> value applied to `base` before every setting (e.g. fewer samples).
-  settings    tuple of (name, group, {dotted key: value}): one CSV row each; `group` names the line the
-              point belongs to in the plots (e.g. the sampler), so a sweep can draw several curves.
+  overrides   tuple of (dotted key, value) pairs applied to `base` before every setting (e.g. fewer samples);
+              pairs because ConfigDict field names cannot contain dots (a plain dict works from Python).
+  settings    tuple of (name, group, overrides): one CSV row each, overrides as (dotted key, value) pairs;
+              `group` names the line the point belongs to in the plots (e.g. the sampler), so a sweep can
+              draw several curves.
   metric      str: a name in METRICS ('samples', 'likelihood', 'sudoku', ...) or 'package.module:function'.
   plots       tuple of (x column, y column, file name): one PNG each, one line per group, points in
               settings order.
@@ -94,6 +96,17 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   return module.get_config(arg) if arg else module.get_config()
 
 
+def as_overrides(value, field: str) -> dict[str, Any]:
+  """(dotted key, value) pairs or a dict -> dict (error names the field)."""
+  if isinstance(value, (dict, ml_collections.ConfigDict)):
+    return dict(value)
+  try:
+    pairs = [(str(k), v) for k, v in value]
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"{field}: expected (dotted key, value) pairs, got {value!r}") from e
+  return dict(pairs)
+
+
 def _needs_training(overrides: dict) -> bool:
   return any(key.split(".")[0] not in checkpoints.EVAL_GROUPS for key in overrides)
 
@@ -106,9 +119,9 @@ def check_ablation(ablation: ml_collections.ConfigDict) -> list[tuple[str, str, 
   settings = []
   names = set()
   for i, item in enumerate(ablation.settings):
-    if len(item) != 3 or not isinstance(item[2], (dict, ml_collections.ConfigDict)):
-      raise ConfigError(f"settings[{i}]: expected (name, group, {{dotted key: value}}), got {item!r}")
-    name, group, overrides = str(item[0]), str(item[1]), dict(item[2])
+    if len(item) != 3:
+      raise ConfigError(f"settings[{i}]: expected (name, group, overrides), got {item!r}")
+    name, group, overrides = str(item[0]), str(item[1]), as_overrides(item[2], f"settings[{i}]")
     if name in names or not name or "/" in name:
       raise ConfigError(f"settings[{i}]: name {name!r} is empty, contains '/' or repeats an earlier one")
     names.add(name)
@@ -116,7 +129,7 @@ def check_ablation(ablation: ml_collections.ConfigDict) -> list[tuple[str, str, 
   if not settings:
     raise ConfigError("settings: empty")
   metric_fn(str(ablation.metric))
-  base = checkpoints.apply_overrides(load_config_file(ablation.base), dict(ablation.overrides))
+  base = checkpoints.apply_overrides(load_config_file(ablation.base), as_overrides(ablation.overrides, "overrides"))
   for name, _, overrides in settings:
     config_lib.validate(checkpoints.apply_overrides(base, overrides))
   for x, y, png in ablation.plots:
@@ -138,7 +151,7 @@ def run_ablation(ablation: ml_collections.ConfigDict, log=print) -> list[dict[st
   fn = metric_fn(str(ablation.metric))
   out_dir = Path(ablation.out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  base = checkpoints.apply_overrides(load_config_file(ablation.base), dict(ablation.overrides))
+  base = checkpoints.apply_overrides(load_config_file(ablation.base), as_overrides(ablation.overrides, "overrides"))
   base_path = str(ablation.checkpoint)
   loaded: dict[str, checkpoints.Checkpoint] = {}
 

@@ -145,8 +145,10 @@ def reference_nll(ref: checkpoints.Checkpoint, prompts_BP: np.ndarray, lengths_B
   return np.asarray(causal_nll(ref.params, rows, weights, model_cfg=ref.model_cfg))
 
 
-def sample_metrics(ckpt: checkpoints.Checkpoint, config: ml_collections.ConfigDict) -> tuple[dict, list[dict]]:
-  """Generates eval.num_samples samples with config.sample settings and scores them: (summary, records)."""
+def sample_metrics(ckpt: checkpoints.Checkpoint, config: ml_collections.ConfigDict,
+                   reference: Optional[checkpoints.Checkpoint] = None) -> tuple[dict, list[dict]]:
+  """Generates eval.num_samples samples with config.sample settings and scores them: (summary, records).
+  reference: the AR model for generative perplexity (default: eval.reference loaded, if set)."""
   ev, tokenizer = config.eval, ckpt.tokenizer
   n = int(ev.num_samples)
   if n <= 0:
@@ -157,14 +159,15 @@ def sample_metrics(ckpt: checkpoints.Checkpoint, config: ml_collections.ConfigDi
   base_prompts = read_prompts(ev.prompts) if ev.prompts else [str(config.sample.prompt)]
   prompts = [base_prompts[b % len(base_prompts)] for b in range(n)]
   prompts_BP, lengths_B = _prompt_batch(prompts, tokenizer)
-  ref = None
-  if ev.reference:
+  ref = reference
+  if ref is None and ev.reference:
     ref = _load_reference(str(ev.reference))
+  if ref is not None:
     if ref.objective != "ar":
-      raise ConfigError(f"eval.reference: {ev.reference} was trained with diffusion.objective={ref.objective!r}; "
+      raise ConfigError(f"eval.reference: {ref.path} was trained with diffusion.objective={ref.objective!r}; "
                         "generative perplexity needs an AR run (diffusion.objective='ar')")
     if not same_tokenizer(ref.tokenizer, tokenizer):
-      raise ConfigError(f"eval.reference: {ev.reference} uses another tokenizer ({ref.tokenizer!r} vs {tokenizer!r})")
+      raise ConfigError(f"eval.reference: {ref.path} uses another tokenizer ({ref.tokenizer!r} vs {tokenizer!r})")
   rng = jax.random.key(int(config.sample.seed))
   if ckpt.objective == "ar":
     sampler_cfg = SamplerConfig.from_config(config)
