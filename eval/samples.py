@@ -37,7 +37,6 @@ import ml_collections
 import numpy as np
 
 from dgemma import checkpointing
-from dgemma.data import pipeline as data_pipeline
 from dgemma.model.config import ConfigError
 from dgemma.sampling import SamplerConfig, ar_generate, check_request, generate, num_canvases
 from eval import checkpoints

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dgemma import checkpoint_io, config as config_lib, objectives
+from dgemma import checkpoint_io, config as config_lib
 from dgemma.diffusion import DiffusionLossConfig, corrupt_rows
 from dgemma.model import ConfigError, Transformer, init_cache
 from dgemma.tokenizers import ByteTokenizer
