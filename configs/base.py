@@ -155,6 +155,27 @@ def get_config() -> ml_collections.ConfigDict:
   # Evaluation.
   config.eval = ml_collections.ConfigDict()
   config.eval.split = "validation"
+  # ---- eval/ (python -m eval.likelihood / eval.samples / eval.ablate); flags of the same name override ----
+  config.eval.data = ""                  # likelihood: a .txt/.jsonl file (data.txt_mode / data.jsonl_field) or
+                                         # a split name of the run's dataset; '' = eval.split
+  config.eval.max_documents = 0          # likelihood: first this many documents (0 = all)
+  config.eval.max_tokens = 0             # likelihood: score at most this many tokens of each document, cut at
+                                         # whitespace (a cut document gets no EOS); 0 = whole documents
+  config.eval.context_len = 0            # likelihood: clean tokens each canvas conditions on (0 = data.seq_len
+                                         # - diffusion.canvas_len, the training context)
+  config.eval.num_t_samples = 8          # likelihood: antithetic Monte-Carlo t samples per canvas
+  config.eval.self_conditioning = True   # likelihood: x_theta from the two-pass self-conditioned decoder
+                                         # (training's second pass); False = one pass, zero signal
+  config.eval.batch_size = 32            # likelihood: canvases per forward pass
+  config.eval.num_samples = 16           # samples: how many samples (rows of one generate call)
+  config.eval.prompts = ""               # samples: prompts file (.txt lines / .jsonl 'prompt' field), used
+                                         # cyclically; '' = sample.prompt for every row
+  config.eval.reference = ""             # samples: AR checkpoint (diffusion.objective='ar', same tokenizer)
+                                         # for generative perplexity; '' = not reported
+  config.eval.ar_temperature = 1.0       # samples from an AR checkpoint: 0 = greedy
+  config.eval.samples_out = ""           # samples: write every sample as JSONL here ('' = do not)
+  config.eval.out = ""                   # likelihood / samples: write the summary JSON here ('' = print only)
+  config.eval.seed = 0                   # noise for the likelihood's t and z_t draws
 
   # Device mesh (dgemma.trainer.make_mesh): a preset from configs/mesh/ (cpu_host | gpu8_expert |
   # tpu_slice) with keys `preset` (informational), `shape` (axis sizes of data, fsdp, expert, tensor;

@@ -42,6 +42,35 @@ def plot_losses(records: list[dict], out_png: str | Path) -> None:
   plt.close(fig)
 
 
+
+def plot_sweep(rows: Sequence[dict], x: str, y: str, out_png: str | Path, title: str = "") -> None:
+  """One line per rows' 'group' (points in row order) of column y against column x; rows lacking either
+  are skipped. Used by eval/ablate.py."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  groups: dict[str, list[tuple[float, float, str]]] = {}
+  for row in rows:
+    if isinstance(row.get(x), (int, float)) and isinstance(row.get(y), (int, float)):
+      groups.setdefault(str(row.get("group", "")), []).append((float(row[x]), float(row[y]), str(row.get("name", ""))))
+  fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+  for group, pts in groups.items():
+    xs, ys, names = zip(*pts)
+    ax.plot(xs, ys, "o-", label=group or None, markersize=4)
+    for px, py, name in pts:
+      ax.annotate(name, (px, py), textcoords="offset points", xytext=(3, 3), fontsize=6, alpha=0.7)
+  ax.set_xlabel(x)
+  ax.set_ylabel(y)
+  ax.set_title(title or f"{y} vs {x}", fontsize=9)
+  ax.grid(alpha=0.3)
+  if any(groups):
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out_png)
+  plt.close(fig)
+
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; background: #fafafa; }
 .step { margin: 0.4em 0; padding: 0.4em; background: white; border: 1px solid #ddd; border-radius: 4px; }

@@ -1,4 +1,7 @@
-"""Evaluation entry points (`python -m eval.<name>`): likelihood bounds, sample quality, Sudoku, ablations.
+"""Evaluation entry points (`python -m eval.<name>`), all reading a training workdir or a params checkpoint
+(eval/checkpoints.py) and the `eval.*` settings of configs/base.py:
 
-Planned in the eval issue; the training loop already reports the validation diffusion loss.
+  eval.likelihood  block-autoregressive NELBO bound (exact NLL for AR runs): nats/token, bits/byte, perplexity
+  eval.samples     generate N samples; generative perplexity under an AR reference, entropy, distinct-n, speed
+  eval.ablate      sweep named settings (configs/ablations/*.py) through a metric; CSV + PNG plots
 """

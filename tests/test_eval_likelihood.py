@@ -1,0 +1,227 @@
+"""eval/likelihood.py: the batched block-AR bound against a slow per-canvas loop with the facts file's
+literal formula, the Monte-Carlo estimator against known entropies, the AR exact NLL, units, and the
+checkpoint loader's errors."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dgemma import checkpoint_io, config as config_lib
+from dgemma.diffusion import DiffusionLossConfig, corrupt_rows
+from dgemma.model import ConfigError, Transformer, init_cache
+from dgemma.tokenizers import ByteTokenizer
+from eval import checkpoints, likelihood
+from tests.model_utils import random_params
+from tests.test_objectives import _softmax, ref_nelbo
+
+TEXTS = ("thou art fair; the king doth go", "h\u00e9llo \u20ac!")  # 32 + 12 scored tokens; multi-byte UTF-8
+
+
+def _config(tiny_config, objective="base_ce"):
+  config = tiny_config
+  config.diffusion.objective = objective
+  config.eval.context_len = 16   # canvas 2 of doc 0 sees a 16-token window (BOS falls out of it)
+  config.eval.num_t_samples = 2
+  config.eval.batch_size = 2     # 3 canvases: two batches, the last topped up with a padding row
+  config.eval.seed = 3
+  return config
+
+
+def _literal_canvas_bound(logits_MCV, x_C, z_MC, times, t_eps):
+  """(1 - t_eps) mean over the MC times of sum_i ref_nelbo + the Bayes reconstruction at t_eps (last row),
+  float64, one token at a time (facts file formulas; linear schedule alpha = 1 - t, alpha' = -1)."""
+  V = logits_MCV.shape[-1]
+  integrands = [sum(ref_nelbo(logits_MCV[m, i], x_C[i], z_MC[m, i], 1.0 - float(np.float32(t)), -1.0)
+                    for i in range(len(x_C))) for m, t in enumerate(times[:-1])]
+  alpha = 1.0 - float(np.float32(t_eps))
+  recon = 0.0
+  for i in range(len(x_C)):  # p(x | z) proportional to x_theta(x) q(z | x)
+    post = _softmax(logits_MCV[-1, i]) * (alpha * (np.arange(V) == z_MC[-1, i]) + (1.0 - alpha) / V)
+    recon -= math.log(post[x_C[i]] / post.sum())
+  return (1.0 - t_eps) * np.mean(integrands) + recon, recon
+
+
+def _draws(key, canvas_len, num_t, t_eps, vocab, tokens_C):
+  """The times and noisy canvases of one canvas key, drawn as documented in canvas_bound_terms (the
+  canvas padded to canvas_len, so the draws match the batched path)."""
+  k_t, k_z = jax.random.split(key)
+  times = list(np.asarray(likelihood.antithetic_times(k_t, num_t, t_eps))) + [t_eps]
+  padded = np.zeros((canvas_len,), np.int32)
+  padded[:len(tokens_C)] = tokens_C
+  z = [np.asarray(corrupt_rows(jax.random.fold_in(k_z, m)[None], padded[None],
+                               jnp.asarray([1.0 - (1.0 - np.float32(t))]), vocab)[0][0, :len(tokens_C)])
+       for m, t in enumerate(times)]
+  return times, np.stack(z)
+
+
+def test_canvas_bound_terms_match_the_literal_formula():
+  """No model: x_theta(z)_i = softmax(W[z_i] + U[i]); padded positions must not count."""
+  V, C, B, M = 7, 5, 3, 3
+  rng = np.random.default_rng(0)
+  W, U = rng.normal(size=(V, V)) * 2, rng.normal(size=(C, V))
+  x_BC = rng.integers(0, V, (B, C)).astype(np.int32)
+  w_BC = np.ones((B, C), bool)
+  w_BC[2, 3:] = False  # a partial canvas
+  loss_cfg = DiffusionLossConfig(canvas_len=C, objective="base_ce")
+  keys_B = likelihood.canvas_keys(5, jnp.arange(B), jnp.full((B,), 2))
+  fn = lambda z_BC, alpha_B: jnp.asarray(W, jnp.float32)[z_BC] + jnp.asarray(U, jnp.float32)
+  integrand_BM, recon_B = likelihood.canvas_bound_terms(fn, jnp.asarray(x_BC), jnp.asarray(w_BC), keys_B, num_t=M,
+                                                        loss_cfg=loss_cfg, vocab_size=V)
+  fast = likelihood.canvas_estimate(np.asarray(integrand_BM), np.asarray(recon_B), loss_cfg.t_eps)
+  for b in range(B):
+    n = int(w_BC[b].sum())
+    times, z_MC = _draws(keys_B[b], C, M, loss_cfg.t_eps, V, x_BC[b, :n])
+    logits = np.stack([W[z_MC[m]] + U[:n] for m in range(M + 1)])
+    slow, slow_recon = _literal_canvas_bound(logits, x_BC[b, :n], z_MC, times, loss_cfg.t_eps)
+    np.testing.assert_allclose(fast[b], slow, rtol=1e-5)
+    np.testing.assert_allclose(recon_B[b], slow_recon, rtol=1e-4, atol=1e-4)
+
+
+def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
+  """The batched model path (left-padded windows, padding rows, partial canvas) against one unpadded
+  encode / decode per canvas and the literal formulas. The two programs differ in shapes, so model
+  logits agree to ~1e-4 in fp32 (checked), which the NELBO's 1/t weight amplifies: rtol 2e-3."""
+  config = _config(tiny_config)
+  model_cfg = config_lib.validate(config)
+  params = random_params(model_cfg)
+  tok = ByteTokenizer()
+  docs = [likelihood.cut_document(t, tok, 0) for t in TEXTS]
+  assert [d.num_scored for d in docs] == [32, 12]
+  ckpt = checkpoints.Checkpoint("random", "params", config, model_cfg, params, None)
+  out = likelihood.evaluate_documents(ckpt, config, docs)
+  assert out["canvases"] == 3 and out["measure"] == "nelbo_bound"
+  loss_cfg = DiffusionLossConfig.from_config(config)
+  model = Transformer(model_cfg)
+  K, C, M, V = 16, 16, 2, model_cfg.vocab_size
+
+  @jax.jit
+  def slow_logits(ctx, z_MC):  # unpadded: the window, then the M + 1 noisy canvases in one batch
+    R, n = z_MC.shape
+    cache = init_cache(model_cfg, R, ctx.shape[0])
+    ctx_RT = jnp.broadcast_to(ctx, (R, ctx.shape[0]))
+    _, cache = model.apply({"params": params}, ctx_RT, jnp.broadcast_to(jnp.arange(ctx.shape[0]), ctx_RT.shape),
+                           jnp.ones_like(ctx_RT), cache, return_logits=False, method=Transformer.encode)
+    pos = jnp.broadcast_to(ctx.shape[0] + jnp.arange(n), (R, n))
+    dec = lambda sc: model.apply({"params": params}, z_MC, pos, jnp.ones_like(z_MC), cache, sc_logits_BCV=sc,
+                                 method=Transformer.decode)
+    return dec(dec(None))
+
+  slow, slow_recon = 0.0, 0.0
+  for d, tokens in enumerate(d.tokens for d in docs):
+    for k, s in enumerate(range(1, len(tokens), C)):
+      ctx, canvas = tokens[max(0, s - K):s], tokens[s:s + C]
+      key = jax.random.fold_in(jax.random.fold_in(jax.random.key(3), d), k)
+      times, z_MC = _draws(key, C, M, loss_cfg.t_eps, V, canvas)
+      logits = np.asarray(slow_logits(ctx, z_MC), np.float64)
+      bound, recon = _literal_canvas_bound(logits, canvas, z_MC, times, loss_cfg.t_eps)
+      slow, slow_recon = slow + bound, slow_recon + recon
+  np.testing.assert_allclose(out["total_nats"], slow, rtol=2e-3)
+  np.testing.assert_allclose(out["reconstruction_nats_per_token"] * out["tokens"], slow_recon, rtol=2e-3)
+  # units: every scored token is an id or EOS; bits per UTF-8 byte of the original text
+  n_bytes = sum(len(t.encode("utf-8")) for t in TEXTS)
+  assert out["tokens"] == 44 and out["bytes"] == n_bytes == 42
+  np.testing.assert_allclose(out["bits_per_byte"], out["total_nats"] / n_bytes / math.log(2), rtol=1e-6)
+  np.testing.assert_allclose(out["perplexity"], math.exp(out["total_nats"] / 44), rtol=1e-6)
+  assert out["nats_per_token_se"] > 0
+  assert likelihood.evaluate_documents(ckpt, config, docs)["total_nats"] == out["total_nats"]  # deterministic
+
+  # AR: the exact NLL of the same canvases given the same windows, against per-canvas prefix scoring
+  config.diffusion.objective = "ar"
+  ar = likelihood.evaluate_documents(checkpoints.Checkpoint("random", "params", config, model_cfg, params, None),
+                                     config, docs)
+  assert ar["measure"] == "exact_nll" and ar["tokens"] == 44
+  slow_ar = 0.0
+  for tokens in (d.tokens for d in docs):
+    for s in range(1, len(tokens), C):
+      row = tokens[max(0, s - K):s + C]
+      L = len(row)
+      logits, _ = jax.jit(lambda r: model.apply({"params": params}, r[None], jnp.arange(L)[None], jnp.ones((1, L), jnp.int32),
+                                                init_cache(model_cfg, 1, L), method=Transformer.encode))(row)
+      logp = jax.nn.log_softmax(np.asarray(logits[0], np.float64), axis=-1)
+      first = min(s, K)  # index of the canvas's first token in `row`
+      slow_ar -= sum(float(logp[i - 1, row[i]]) for i in range(first, L))
+  np.testing.assert_allclose(ar["total_nats"], slow_ar, rtol=1e-4)
+
+
+@pytest.mark.parametrize("objective", ["nelbo", "mdlm"])
+def test_estimator_is_tight_for_an_iid_source_and_bounds_other_denoisers(objective):
+  """Tokens i.i.d. ~ pi (entropy H). With x_theta = pi the uniform-state (and masked) reverse process is
+  the exact time reversal, so the bound -- MC integral over [t_eps, 1] plus the reconstruction -- must
+  come out at H (a reconstruction that ignored z_t would add another H); a wrong constant denoiser must
+  stay above its own exact NLL (its cross-entropy), and every denoiser above H."""
+  V, B, C, M = 12, 256, 16, 8
+  rng = np.random.default_rng(0)
+  pi = rng.dirichlet(np.full(V, 0.8))
+  if objective == "mdlm":
+    pi[4] = 0.0  # the mask token is never data
+    pi /= pi.sum()
+  entropy = float(-np.sum(pi[pi > 0] * np.log(pi[pi > 0])))
+  x_BC = jnp.asarray(rng.choice(V, size=(B, C), p=pi), jnp.int32)
+  loss_cfg = DiffusionLossConfig(canvas_len=C, objective=objective, mask_id=4)
+  keys_B = likelihood.canvas_keys(0, jnp.arange(B), jnp.zeros(B, jnp.int32))
+  wrong = rng.dirichlet(np.ones(V))
+  if objective == "mdlm":
+    wrong[4] = 0.0
+    wrong /= wrong.sum()
+
+  def bound(log_probs_V):
+    fn = lambda noisy_BC, alpha_B: jnp.broadcast_to(jnp.asarray(log_probs_V, jnp.float32), noisy_BC.shape + (V,))
+    integrand_BM, recon_B = jax.jit(lambda: likelihood.canvas_bound_terms(
+        fn, x_BC, jnp.ones((B, C)), keys_B, num_t=M, loss_cfg=loss_cfg, vocab_size=V))()
+    per_canvas = likelihood.canvas_estimate(np.asarray(integrand_BM), np.asarray(recon_B), loss_cfg.t_eps)
+    return per_canvas.sum() / (B * C), likelihood.ratio_stderr(per_canvas, np.full(B, C))
+
+  safe_log = lambda p: np.log(np.maximum(p, 1e-30))
+  tight, tight_se = bound(safe_log(pi))
+  assert abs(tight - entropy) < 4 * tight_se + 0.01 * entropy, (tight, tight_se, entropy)
+  wrong_bound, wrong_se = bound(safe_log(wrong))
+  cross_entropy = float(-np.sum(pi[pi > 0] * np.log(wrong[pi > 0])))
+  assert wrong_bound > cross_entropy - 4 * wrong_se, (wrong_bound, cross_entropy)
+  assert cross_entropy > entropy + 0.1
+
+
+def test_units_and_document_cutting():
+  tok = ByteTokenizer()
+  doc = likelihood.cut_document("héllo €", tok, 0)
+  assert doc.complete and doc.num_bytes == 10 and doc.num_scored == 11  # 10 bytes + EOS
+  assert doc.tokens[0] == tok.bos_id and doc.tokens[-1] == tok.eos_id
+  cut = likelihood.cut_document("one two three four", tok, 9)
+  assert not cut.complete and cut.text == "one two" and cut.num_scored == 7 and cut.tokens[-1] != tok.eos_id
+  with pytest.raises(ValueError, match="eval.max_tokens"):
+    likelihood.cut_document("abcdefgh ij", tok, 3)
+  s = likelihood.summarize(np.array([10.0, 20.0]), np.array([4, 6]), num_bytes=15)
+  assert s["nats_per_token"] == 3.0 and s["tokens"] == 10
+  np.testing.assert_allclose(s["bits_per_byte"], 30.0 / 15 / math.log(2))
+  np.testing.assert_allclose(s["perplexity"], math.exp(3.0))
+  # ratio standard error: residuals 10 - 12 = -2 and 20 - 18 = 2 -> sqrt(8 / 2) / mean count 5
+  np.testing.assert_allclose(s["nats_per_token_se"], 2.0 / 5.0)
+  rows = likelihood.block_rows([np.arange(1, 8)], canvas_len=4, context_len=3, pad_id=0)
+  # tokens after BOS (1): canvases [2..5], [6, 7]; the second sees the 3 tokens before it
+  np.testing.assert_array_equal(rows.tokens, [[0, 0, 1, 2, 3, 4, 5], [3, 4, 5, 6, 7, 0, 0]])
+  np.testing.assert_array_equal(rows.positions, [[0, 0, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 0, 0]])
+  np.testing.assert_array_equal(rows.segment_ids, [[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0]])
+
+
+def test_checkpoint_errors(tmp_path, tiny_config):
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    checkpoints.load_checkpoint(tmp_path / "nope")
+  with pytest.raises(FileNotFoundError, match="neither a training workdir"):
+    checkpoints.load_checkpoint(tmp_path)
+  ckpt_dir = tmp_path / "params_ckpt"
+  ckpt_dir.mkdir()
+  model_cfg = config_lib.validate(tiny_config)
+  (ckpt_dir / checkpoint_io.MODEL_CONFIG).write_text(json.dumps(model_cfg.to_dict()))
+  with pytest.raises(ConfigError, match="pass --config"):
+    checkpoints.load_checkpoint(ckpt_dir)
+  tiny_config.eval.data = str(tmp_path / "missing.txt")
+  with pytest.raises(FileNotFoundError, match="missing.txt"):
+    likelihood.load_documents(ByteTokenizer(), tiny_config)
+  tiny_config.eval.data = "nosuchsplit"
+  with pytest.raises(ConfigError, match="eval.data"):
+    likelihood.load_documents(ByteTokenizer(), tiny_config)
+  with pytest.raises(ConfigError, match="not a config key"):
+    checkpoints.apply_overrides(tiny_config, {"sample.nope": 1})

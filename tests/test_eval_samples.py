@@ -1,0 +1,115 @@
+"""eval/samples.py (text statistics, generation + scoring wiring) and eval/ablate.py (the sweep runner)."""
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dgemma import checkpoint_io, config as config_lib
+from dgemma.model import ConfigError
+from eval import ablate, checkpoints, samples
+from tests.model_utils import random_params
+
+
+def test_text_statistics_by_hand():
+  assert samples.unigram_entropy([5, 5, 5]) == 0.0
+  np.testing.assert_allclose(samples.unigram_entropy([1, 2, 1, 2]), math.log(2))
+  np.testing.assert_allclose(samples.unigram_entropy([1, 2, 3, 1]), -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25)))
+  # bigrams of [1,2,1,2] and [1,2]: (1,2),(2,1),(1,2),(1,2) -> 2 distinct of 4
+  assert samples.distinct_n([[1, 2, 1, 2], [1, 2]], 2) == 0.5
+  assert samples.distinct_n([[1, 2, 3]], 1) == 1.0
+  assert math.isnan(samples.distinct_n([[1]], 2))
+  # 4-grams of 1 2 3 1 2 3 1: (123 1),(231 2),(312 3),(123 1) -> one repeat of 4; a sample without repeats: 0
+  np.testing.assert_allclose(samples.repetition_rate([[1, 2, 3, 1, 2, 3, 1], [1, 2, 3, 4]], 4), (0.25 + 0.0) / 2)
+
+
+def _ckpt(config, objective):
+  config = config_lib.from_json(config_lib.to_json(config))
+  config.diffusion.objective = objective
+  model_cfg = config_lib.validate(config)
+  return checkpoints.Checkpoint(f"random_{objective}", "params", config, model_cfg, random_params(model_cfg), None)
+
+
+def test_sample_metrics_diffusion_and_ar(tiny_config, tmp_path):
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text('{"prompt": "the king"}\n{"prompt": "thy lord"}\n')
+  config = tiny_config
+  config.eval.num_samples = 3
+  config.eval.prompts = str(prompts)
+  config.sample.max_new_tokens = 8
+  config.sample.max_denoising_steps = 2
+  ref = _ckpt(config, "ar")
+  summary, records = samples.sample_metrics(_ckpt(config, "base_ce"), config, reference=ref)
+  tok = ref.tokenizer
+  assert [r["prompt"] for r in records] == ["the king", "thy lord", "the king"]  # used cyclically
+  total = 0
+  for r in records:
+    assert 1 <= len(r["tokens"]) <= 8
+    body = r["tokens"][:-1] if r["tokens"][-1] == tok.eos_id else r["tokens"]
+    assert r["text"] == tok.decode(body)
+    assert 1 <= r["decoder_passes"] <= 2  # one canvas, at most 2 steps
+    total += len(r["tokens"])
+  np.testing.assert_allclose(summary["gen_nll"], sum(r["reference_nll"] for r in records) / total, rtol=1e-6)
+  np.testing.assert_allclose(summary["gen_ppl"], math.exp(summary["gen_nll"]), rtol=1e-6)
+  assert summary["tokens_per_forward"] == pytest.approx(total / sum(r["decoder_passes"] for r in records))
+  assert summary["wall_s"] > 0 and summary["tokens_per_s"] > 0 and summary["steps"] == 2
+  # a random model's tokens are close to uniform over 260 ids: its reference NLL is near log(260)
+  assert abs(summary["gen_nll"] - math.log(260)) < 1.5
+  samples.write_jsonl(str(tmp_path / "s.jsonl"), records)
+  assert [json.loads(l)["prompt"] for l in (tmp_path / "s.jsonl").read_text().splitlines()] == [r["prompt"] for r in records]
+
+  # AR checkpoint, greedy: one forward per token, deterministic
+  config.eval.ar_temperature = 0.0
+  ar_summary, ar_records = samples.sample_metrics(ref, config, reference=ref)
+  assert ar_summary["tokens_per_forward"] == 1.0
+  assert ar_records[0]["tokens"] == ar_records[2]["tokens"]  # same prompt, greedy
+  # the reference must be an AR run
+  with pytest.raises(ConfigError, match="eval.reference"):
+    samples.sample_metrics(ref, config, reference=_ckpt(config, "base_ce"))
+
+
+def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus_file):
+  model_cfg = config_lib.validate(tiny_config)
+  params_dir = tmp_path / "params"
+  checkpoint_io.save_params(params_dir, random_params(model_cfg), model_cfg.to_dict())
+  seen = []
+
+  def fake_metric(ckpt, config):  # what the runner hands a metric: the checkpoint and the setting's config
+    seen.append((ckpt.path, config.sample.max_denoising_steps, config.sample.sampler))
+    return {"score": float(config.sample.max_denoising_steps) ** 0.5, "sampler_is_ancestral": int(config.sample.sampler == "ancestral")}
+
+  ablate.register_metric("fake_for_test", fake_metric)
+  import ml_collections
+  ablation = ml_collections.ConfigDict(dict(
+      base="configs/tiny_test.py", checkpoint=str(params_dir), metric="fake_for_test", out_dir=str(tmp_path / "out"),
+      overrides=(("data.source", "files"), ("data.files", (str(corpus_file),)),
+                 ("data.cache_dir", tiny_config.data.cache_dir)),
+      settings=(("r1", "released", (("sample.max_denoising_steps", 1),)),
+                ("r4", "released", (("sample.max_denoising_steps", 4),)),
+                ("a4", "ancestral", (("sample.max_denoising_steps", 4), ("sample.sampler", "ancestral")))),
+      plots=(("sample.max_denoising_steps", "score", "score.png"),)))
+  rows = ablate.run_ablation(ablation, log=lambda *_: None)
+  assert seen == [(str(params_dir), 1, "released"), (str(params_dir), 4, "released"), (str(params_dir), 4, "ancestral")]
+  with open(tmp_path / "out" / "results.csv") as f:
+    table = list(csv.DictReader(f))
+  assert list(table[0]) == ["name", "group", "sample.max_denoising_steps", "score", "sampler_is_ancestral",
+                            "sample.sampler"]
+  assert [r["name"] for r in table] == ["r1", "r4", "a4"] and table[2]["sample.sampler"] == "ancestral"
+  assert float(table[1]["score"]) == 2.0
+  assert json.loads((tmp_path / "out" / "results.json").read_text())["rows"] == rows
+  assert (tmp_path / "out" / "score.png").read_bytes()[:4] == b"\x89PNG"
+  # which settings need their own training run
+  assert not ablate._needs_training({"sample.max_denoising_steps": 2, "eval.num_samples": 3, "seed": 1})
+  assert ablate._needs_training({"diffusion.objective": "mdlm"})
+  # bad configs fail before anything runs, naming the field
+  for field, value, match in (("metric", "nope", "metric"), ("settings", (("x", "g", (("sample.nope", 1),)),), "sample.nope"),
+                              ("settings", (("x", "g", ()), ("x", "g", ())), "repeats")):
+    bad = ml_collections.ConfigDict(ablation.to_dict())
+    with bad.ignore_type():
+      bad[field] = value
+    with pytest.raises(ConfigError, match=match):
+      ablate.check_ablation(bad)
+  from configs.ablations import steps_quality
+  assert len(ablate.check_ablation(steps_quality.get_config())) == 10
