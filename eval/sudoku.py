@@ -72,16 +72,6 @@ def score(puzzles: Sequence[str], solutions: Sequence[str], predictions: Sequenc
   return metrics, records
 
 
-def load_run(checkpoint: str, step: int = -1):
-  """(config, model config, params, step) of a training workdir."""
-  config = _run_config(checkpoint)
-  if config.data.source != "sudoku":
-    raise ConfigError(f"--checkpoint: {checkpoint} was trained with data.source={config.data.source!r}, "
-                      "not 'sudoku'")
-  model_cfg, params, step = trainer.load_params(checkpoint, config, step)
-  return config, model_cfg, params, step
-
-
 def _run_config(checkpoint: str):
   path = Path(checkpoint) / "config.json"
   if not path.is_file():
@@ -177,16 +167,25 @@ def _with_params(checkpoint, config, step):
   return config, model_cfg, params, step
 
 
-def sudoku_metrics(config, workdir: str, overrides: dict[str, Any] | None = None, *, puzzles_csv: str = "",
-                   limit: int = 0) -> dict:
-  """Metric function for the ablation runner: the benchmark on `puzzles_csv` (default: the run's
-  validation puzzles) with `overrides` applied to config.sample."""
-  del config  # the run's own config.json is authoritative
-  if not puzzles_csv:
-    raise ConfigError("sudoku_metrics: needs puzzles_csv (a puzzle,solution CSV of held-out puzzles)")
-  return evaluate(workdir, puzzles_csv, overrides=overrides, limit=limit,
-                  predictions_path=str(Path(workdir) / ("sudoku_predictions_" + "_".join(
-                      f"{k}-{v}" for k, v in sorted((overrides or {}).items())) + ".jsonl")) if overrides else None)
+def ablation_metrics(checkpoint, config) -> dict:
+  """Metric 'sudoku' of the ablation runner (`python -m eval.ablate`, eval/ablate.py): the benchmark on
+  the run's held-out validation puzzles (data.sudoku.validation_csv, or the generated validation split,
+  a seed stream disjoint from training), decoded with `config`'s sample settings.
+
+  checkpoint: an eval.checkpoints.Checkpoint (uses .config, .model_cfg, .params); config: the run's
+  config with the setting's evaluation overrides applied.
+  """
+  from dgemma.data import pipeline
+  if checkpoint.config.data.source != "sudoku":
+    raise ConfigError(f"metric: 'sudoku' needs a run trained with data.source='sudoku', got "
+                      f"{checkpoint.config.data.source!r}")
+  source = pipeline.prepare(checkpoint.config).data_source("validation")
+  rows = [(source[i]["puzzle"], source[i]["solution"]) for i in range(len(source))]
+  start = time.perf_counter()
+  predictions = solve_puzzles(config, checkpoint.model_cfg, checkpoint.params, [p for p, _ in rows])
+  metrics, _ = score([p for p, _ in rows], [s for _, s in rows], predictions)
+  metrics["seconds"] = round(time.perf_counter() - start, 2)
+  return metrics
 
 
 def _parse_set(values: Sequence[str]) -> dict[str, Any]:
