@@ -222,8 +222,9 @@ def _slow_metrics(records):
 
 
 def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path):
-  import jax
+  import jax.numpy as jnp
   from dgemma import checkpointing, trainer
+  from tests.model_utils import random_params
   from dgemma import config as config_lib
   from eval import sudoku as eval_sudoku
 
@@ -234,9 +235,9 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path):
   # A "trained" run without training: random init saved as step 1 with the run's config.json.
   workdir = tmp_path / "run"
   model_cfg = config_lib.validate(config)
-  mesh = trainer.make_mesh(config.mesh)
-  optimizer = trainer.make_optimizer(config.opt, 1)
-  state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
+  params = random_params(model_cfg)   # no init program to compile
+  state = trainer.TrainState(step=jnp.ones((), jnp.int32), params=params,
+                             opt_state=trainer.make_optimizer(config.opt, 1).init(params))
   checkpointing.write_text_atomic(workdir / "config.json", config_lib.to_json(config))
   manager = checkpointing.make_manager(workdir, async_save=False)
   checkpointing.save(manager, 1, state, None)
