@@ -35,6 +35,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.tokenizer.kind = "sentencepiece"  # 'sentencepiece' (trained here) | 'byte' | 'file'
   config.data.tokenizer.vocab_size = 8192
   config.data.tokenizer.path = ""        # a SentencePiece .model file when kind == 'file'
+  # Sudoku (data.source == 'sudoku', dgemma/data/sudoku.py): fixed rows [BOS, 81 puzzle digits | 81 solution
+  # digits] (needs tokenizer.kind='byte', seq_len=163, diffusion.canvas_len=81); eval: python -m eval.sudoku.
+  config.data.sudoku = ml_collections.ConfigDict()
+  config.data.sudoku.train_csv = ""      # puzzle,solution CSV (python -m dgemma.data.sudoku); "" = generate
+  config.data.sudoku.validation_csv = ""  # the same for the validation split; "" = generate
+  config.data.sudoku.num_train = 2000    # puzzles generated (unique solutions) when train_csv is empty ...
+  config.data.sudoku.num_validation = 200  # ... / validation_csv is empty; cached under data.cache_dir/sudoku
+  config.data.sudoku.min_blanks = 30     # blanks per generated puzzle ~ U{min_blanks..max_blanks}
+  config.data.sudoku.max_blanks = 45
+  config.data.sudoku.augment = True      # train rows: a random validity-preserving symmetry per row (seeded)
 
   # Diffusion: uniform-state corruption and the training objective.
   config.diffusion = ml_collections.ConfigDict()

@@ -29,7 +29,7 @@ import tensorflow_datasets as tfds
 from dgemma.data import sft, shakespeare
 from dgemma.model.config import ConfigError
 
-SOURCES = ("shakespeare", "files", "tfds")
+SOURCES = ("shakespeare", "files", "tfds", "sudoku")  # sudoku: dgemma/data/sudoku.py (fixed rows)
 TXT_MODES = ("line", "file")
 EXTENSIONS = (".txt", ".jsonl")
 # Bump when document extraction or split assignment changes: old caches stop matching.

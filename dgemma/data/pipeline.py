@@ -101,6 +101,9 @@ def validate_data_config(config, *, shard_index: int = 0, shard_count: int = 1) 
   if data.source == "tfds":
     need(bool(data.tfds_name), "data.tfds_name",
          "empty, but data.source='tfds' needs a TFDS catalog name (e.g. 'lm1b')")
+  if data.source == "sudoku":
+    from dgemma.data import sudoku
+    sudoku.validate_config(config)
   need(bool(str(data.cache_dir)), "data.cache_dir", "must name a directory")
   need(0.0 <= data.validation_fraction < 1.0, "data.validation_fraction",
        f"must be in [0, 1), got {data.validation_fraction}")
@@ -129,6 +132,9 @@ def prepare(config) -> PreparedData:
   """Builds the dataset and the tokenizer (first call; later calls reuse the cache)."""
   validate_data_config(config)
   data = config.data
+  if data.source == "sudoku":
+    from dgemma.data import sudoku
+    return sudoku.prepare(config)
   if data.source == "tfds":
     prepared_source = _prepare_tfds(data)
   else:
@@ -307,6 +313,10 @@ def make_iterator(config, prepared: PreparedData, split: str, *, shard_index: in
   num_epochs = int(data.num_epochs if num_epochs is None else num_epochs)
   if num_epochs < 0:
     raise ConfigError(f"data.num_epochs: must be >= 0 (0 = repeat forever), got {num_epochs}")
+  if data.source == "sudoku":
+    from dgemma.data import sudoku
+    return sudoku.make_iterator(config, prepared, split, shard_index=shard_index, shard_count=shard_count,
+                                seed=seed, shuffle=shuffle, num_epochs=num_epochs)
   batch_size = data.batch_size // shard_count
   seq_len = data.seq_len
   tokenizer = prepared.tokenizer

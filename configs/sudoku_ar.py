@@ -1,0 +1,21 @@
+"""Autoregressive baseline for the Sudoku benchmark: configs/sudoku.py's model, rows and budget, trained with
+causal next-token CE over the whole row (diffusion.objective='ar') and decoded greedily, digit by digit.
+
+  python train.py --config=configs/sudoku_ar.py --workdir=workdirs/sudoku_ar \
+      --config.data.sudoku.train_csv=data/sudoku/train.csv
+  python -m eval.sudoku --checkpoint=workdirs/sudoku_ar --puzzles=data/sudoku/test.csv   # dgemma.sampling.ar_generate
+  # override anything, e.g. a shorter run:
+  python train.py --config=configs/sudoku_ar.py --workdir=workdirs/sudoku_ar --config.train.num_steps=1000
+
+The row loss covers the puzzle digits too (they are part of the row); eval reads only the 81 digits
+generated after [BOS] + puzzle. model.self_conditioning is already off in configs/sudoku.py, so the
+parameter count equals the diffusion model's exactly.
+"""
+
+from configs import sudoku
+
+
+def get_config():
+  config = sudoku.get_config()
+  config.diffusion.objective = "ar"
+  return config

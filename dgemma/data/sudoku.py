@@ -1,0 +1,429 @@
+"""Sudoku: an exact solver, a generator of unique-solution puzzles, the CSV format, the validity
+checker, and the training rows of `data.source = 'sudoku'`.
+
+Grids are 81-character strings (or int arrays), row by row, '0' (0) for a blank. CSV files have the
+header `puzzle,solution` and one puzzle per line (the common Kaggle / "1 million sudoku" format).
+
+  python -m dgemma.data.sudoku --out_dir=data/sudoku --num_train=2000 --num_test=500 \
+      --min_blanks=30 --max_blanks=45 --seed=0       # writes train.csv and test.csv
+
+Solver: bitmask backtracking (one 9-bit candidate mask per row, column and box) that always branches
+on the empty cell with the fewest candidates, counting solutions up to a limit (2 proves uniqueness).
+Generator (seeded numpy RNG, so deterministic): a random full grid (the solver on an empty grid with
+a random digit order at every branch), then cells are blanked in random order, each kept blank only
+if the puzzle still has exactly one solution, until the drawn number of blanks is reached (a grid
+that cannot reach it is discarded).
+
+Training rows (fixed, no packing): [BOS] + 81 puzzle digits | 81 solution digits, byte tokens
+(digit d -> id ord(d) + 4), segment ids all 1, positions 0..162. The first 82 tokens are the clean
+context (the prompt) and the last 81 the canvas (diffusion.canvas_len = 81). With
+`data.sudoku.augment`, each training row is first mapped by a random validity-preserving symmetry
+(digit relabelling, band / stack permutations, row / column permutations inside them, transpose),
+drawn from (seed, position in the stream): the same puzzle is seen in many forms, deterministically.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from dgemma.model.config import ConfigError
+
+NUM_CELLS = 81
+ROW_LEN = 1 + 2 * NUM_CELLS   # BOS + puzzle + solution
+CONTEXT_LEN = 1 + NUM_CELLS   # BOS + puzzle: the prompt
+CSV_HEADER = ("puzzle", "solution")
+SPLITS = ("train", "validation")
+
+_ALL_DIGITS = 0x3FE  # bits 1..9
+_ROW = tuple(i // 9 for i in range(NUM_CELLS))
+_COL = tuple(i % 9 for i in range(NUM_CELLS))
+_BOX = tuple((i // 27) * 3 + (i % 9) // 3 for i in range(NUM_CELLS))
+_POPCOUNT = tuple(bin(m).count("1") for m in range(1024))
+
+
+# ---- grids and the validity checker --------------------------------------------------------------
+
+def parse_grid(text: str, *, allow_blanks: bool = True, where: str = "grid") -> np.ndarray:
+  """81 digits ('0' = blank unless allow_blanks=False) -> int8[81]; errors name `where`."""
+  text = text.strip()
+  if len(text) != NUM_CELLS:
+    raise ValueError(f"{where}: expected {NUM_CELLS} digits, got {len(text)} characters")
+  bad = [c for c in text if not ("0" <= c <= "9")]
+  if bad:
+    raise ValueError(f"{where}: non-digit character {bad[0]!r} (only 0-9 are allowed, 0 = blank)")
+  grid = np.frombuffer(text.encode("ascii"), np.uint8).astype(np.int8) - ord("0")
+  if not allow_blanks and (grid == 0).any():
+    raise ValueError(f"{where}: a solution has no blanks, but cell {int(np.argmax(grid == 0))} is 0")
+  return grid
+
+
+def format_grid(grid: Sequence[int]) -> str:
+  return "".join(str(int(d)) for d in grid)
+
+
+def is_solution(candidate: Sequence[int], puzzle: Sequence[int]) -> bool:
+  """Every row, column and 3x3 box holds 1..9 once, and every given of `puzzle` is kept."""
+  grid = np.asarray(candidate, np.int64).reshape(9, 9)
+  puzzle = np.asarray(puzzle, np.int64).reshape(9, 9)
+  if grid.shape != (9, 9) or ((grid < 1) | (grid > 9)).any():
+    return False
+  if ((puzzle != 0) & (grid != puzzle)).any():
+    return False
+  digits = set(range(1, 10))
+  boxes = grid.reshape(3, 3, 3, 3).transpose(0, 2, 1, 3).reshape(9, 9)
+  return all(set(unit.tolist()) == digits for group in (grid, grid.T, boxes) for unit in group)
+
+
+def is_consistent(puzzle: Sequence[int]) -> bool:
+  """No digit repeated in a row, column or box among the givens (a necessary condition to solve)."""
+  rows, cols, boxes = [0] * 9, [0] * 9, [0] * 9
+  for i, d in enumerate(np.asarray(puzzle).tolist()):
+    if d:
+      bit = 1 << d
+      if (rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]]) & bit:
+        return False
+      rows[_ROW[i]] |= bit
+      cols[_COL[i]] |= bit
+      boxes[_BOX[i]] |= bit
+  return True
+
+
+# ---- the solver ----------------------------------------------------------------------------------
+
+class _Search:
+  """Bitmask backtracking over one grid (mutable list of 81 ints, 0 = empty)."""
+
+  def __init__(self, grid: Sequence[int], rng: np.random.Generator | None = None):
+    self.cells = [int(d) for d in grid]
+    self.rows, self.cols, self.boxes = [0] * 9, [0] * 9, [0] * 9
+    self.rng = rng
+    self.first: list[int] | None = None
+    for i, d in enumerate(self.cells):
+      if d:
+        self._set(i, d)
+
+  def _set(self, i: int, d: int) -> None:
+    bit = 1 << d
+    self.cells[i] = d
+    self.rows[_ROW[i]] |= bit
+    self.cols[_COL[i]] |= bit
+    self.boxes[_BOX[i]] |= bit
+
+  def _unset(self, i: int, d: int) -> None:
+    bit = ~(1 << d)
+    self.cells[i] = 0
+    self.rows[_ROW[i]] &= bit
+    self.cols[_COL[i]] &= bit
+    self.boxes[_BOX[i]] &= bit
+
+  def count(self, limit: int) -> int:
+    """Solutions below this node, stopping at `limit`; the first one found is kept in `first`."""
+    cells, rows, cols, boxes = self.cells, self.rows, self.cols, self.boxes
+    best, best_mask, best_n = -1, 0, 10
+    for i in range(NUM_CELLS):
+      if cells[i] == 0:
+        mask = _ALL_DIGITS & ~(rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]])
+        n = _POPCOUNT[mask]
+        if n < best_n:
+          best, best_mask, best_n = i, mask, n
+          if n <= 1:
+            break
+    if best < 0:
+      if self.first is None:
+        self.first = list(cells)
+      return 1
+    digits = [d for d in range(1, 10) if best_mask >> d & 1]
+    if self.rng is not None and len(digits) > 1:
+      digits = [digits[k] for k in self.rng.permutation(len(digits))]
+    found = 0
+    for d in digits:
+      self._set(best, d)
+      found += self.count(limit - found)
+      self._unset(best, d)
+      if found >= limit:
+        break
+    return found
+
+
+def count_solutions(puzzle: Sequence[int], limit: int = 2) -> int:
+  """Number of solutions of `puzzle`, counted up to `limit` (0 for inconsistent givens)."""
+  if not is_consistent(puzzle):
+    return 0
+  return _Search(puzzle).count(limit)
+
+
+def solve(puzzle: Sequence[int]) -> np.ndarray | None:
+  """A solution (the first the search finds) as int8[81], or None."""
+  if not is_consistent(puzzle):
+    return None
+  search = _Search(puzzle)
+  search.count(1)
+  return None if search.first is None else np.asarray(search.first, np.int8)
+
+
+# ---- the generator -------------------------------------------------------------------------------
+
+def random_full_grid(rng: np.random.Generator) -> np.ndarray:
+  """A uniformly-seeded random solved grid: the solver on an empty grid, random digit order."""
+  search = _Search([0] * NUM_CELLS, rng=rng)
+  search.count(1)
+  return np.asarray(search.first, np.int8)
+
+
+def make_puzzle(rng: np.random.Generator, num_blanks: int, max_tries: int = 50) -> tuple[np.ndarray, np.ndarray]:
+  """(puzzle, solution) with exactly `num_blanks` blanks and a unique solution."""
+  if not 0 <= num_blanks <= 64:
+    raise ValueError(f"num_blanks: {num_blanks} not in [0, 64] (no unique puzzle has fewer than 17 givens)")
+  for _ in range(max_tries):
+    solution = random_full_grid(rng)
+    puzzle = solution.copy()
+    blanks = 0
+    for i in rng.permutation(NUM_CELLS):
+      if blanks == num_blanks:
+        break
+      digit = puzzle[i]
+      puzzle[i] = 0
+      if count_solutions(puzzle, limit=2) == 1:
+        blanks += 1
+      else:
+        puzzle[i] = digit
+    if blanks == num_blanks:
+      return puzzle, solution
+  raise RuntimeError(f"could not blank {num_blanks} cells with a unique solution in {max_tries} grids")
+
+
+def generate(num: int, min_blanks: int, max_blanks: int, seed: int) -> list[tuple[str, str]]:
+  """`num` (puzzle, solution) string pairs, blanks ~ U{min_blanks..max_blanks}; same seed, same list."""
+  if not 0 <= min_blanks <= max_blanks:
+    raise ValueError(f"blanks range: need 0 <= min_blanks <= max_blanks, got {min_blanks}..{max_blanks}")
+  rng = np.random.default_rng(seed)
+  rows = []
+  for _ in range(num):
+    puzzle, solution = make_puzzle(rng, int(rng.integers(min_blanks, max_blanks + 1)))
+    rows.append((format_grid(puzzle), format_grid(solution)))
+  return rows
+
+
+def random_symmetry(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+  """(cell permutation int[81], digit map int[10] with 0 -> 0) of a random Sudoku symmetry:
+  new_grid = digit_map[grid[perm]]. Preserves validity and the number of solutions."""
+  def line_order():  # permute the 3 bands, and the 3 lines inside each band
+    bands = rng.permutation(3)
+    return np.concatenate([3 * b + rng.permutation(3) for b in bands])
+  rows, cols = line_order(), line_order()
+  perm_99 = rows[:, None] * 9 + cols[None, :]
+  if rng.integers(2):
+    perm_99 = perm_99.T
+  digit_map = np.concatenate([[0], 1 + rng.permutation(9)])
+  return perm_99.reshape(-1), digit_map
+
+
+def apply_symmetry(grid: np.ndarray, perm: np.ndarray, digit_map: np.ndarray) -> np.ndarray:
+  return digit_map[np.asarray(grid)[perm]].astype(np.int8)
+
+
+# ---- CSV ------------------------------------------------------------------------------------------
+
+def read_csv(path: str | os.PathLike, *, check_solutions: bool = True) -> list[tuple[str, str]]:
+  """(puzzle, solution) pairs of a `puzzle,solution` CSV; errors name the file and line.
+
+  check_solutions: each solution must solve its puzzle (rows, columns, boxes, givens).
+  """
+  path = Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"{path}: Sudoku CSV file not found")
+  rows = []
+  with open(path, newline="") as f:
+    reader = csv.reader(f)
+    header = next(reader, None)
+    if header is None or tuple(h.strip() for h in header) != CSV_HEADER:
+      raise ValueError(f"{path}:1: expected the header 'puzzle,solution', got {header!r}")
+    for line_no, fields in enumerate(reader, start=2):
+      if not fields:
+        continue
+      where = f"{path}:{line_no}"
+      if len(fields) != 2:
+        raise ValueError(f"{where}: expected 2 fields (puzzle,solution), got {len(fields)}")
+      puzzle = parse_grid(fields[0], where=f"{where}: puzzle")
+      solution = parse_grid(fields[1], allow_blanks=False, where=f"{where}: solution")
+      if check_solutions and not is_solution(solution, puzzle):
+        raise ValueError(f"{where}: the solution does not solve the puzzle (a row, column or box repeats a "
+                         "digit, or a given is changed)")
+      rows.append((format_grid(puzzle), format_grid(solution)))
+  if not rows:
+    raise ValueError(f"{path}: no puzzles (only a header)")
+  return rows
+
+
+def csv_text(rows: Iterable[tuple[str, str]]) -> str:
+  out = io.StringIO()
+  writer = csv.writer(out, lineterminator="\n")
+  writer.writerow(CSV_HEADER)
+  writer.writerows(rows)
+  return out.getvalue()
+
+
+def write_csv(path: str | os.PathLike, rows: Iterable[tuple[str, str]]) -> None:
+  from dgemma.checkpointing import write_text_atomic
+  Path(path).parent.mkdir(parents=True, exist_ok=True)
+  write_text_atomic(path, csv_text(rows))
+
+
+# ---- data.source = 'sudoku' ----------------------------------------------------------------------
+
+def validate_config(config) -> None:
+  """Cheap checks of the sudoku data settings (before anything is built); errors name the field."""
+  data, s = config.data, config.data.sudoku
+
+  def need(cond: bool, field: str, msg: str):
+    if not cond:
+      raise ConfigError(f"{field}: {msg}")
+
+  need(data.tokenizer.kind == "byte", "data.tokenizer.kind",
+       f"data.source='sudoku' needs the byte tokenizer (digits are single bytes), got {data.tokenizer.kind!r}")
+  need(data.seq_len == ROW_LEN, "data.seq_len",
+       f"data.source='sudoku' rows are BOS + 81 puzzle + 81 solution digits = {ROW_LEN} tokens, got {data.seq_len}")
+  need(config.diffusion.canvas_len == NUM_CELLS, "diffusion.canvas_len",
+       f"data.source='sudoku' denoises the 81-digit solution as one canvas, got {config.diffusion.canvas_len}")
+  need(0 <= s.min_blanks <= s.max_blanks <= 64, "data.sudoku.min_blanks",
+       f"need 0 <= min_blanks <= max_blanks <= 64, got {s.min_blanks}..{s.max_blanks}")
+  for split, csv_field, num_field in (("train", "train_csv", "num_train"),
+                                      ("validation", "validation_csv", "num_validation")):
+    path = str(s[csv_field])
+    if path:
+      need(os.path.isfile(path), f"data.sudoku.{csv_field}", f"{path!r} does not exist")
+    else:
+      need(int(s[num_field]) > 0, f"data.sudoku.{num_field}",
+           f"must be positive when data.sudoku.{csv_field} is empty (puzzles are generated), got {s[num_field]}")
+
+
+def _split_rows(config, split: str) -> tuple[list[tuple[str, str]], str]:
+  """The split's (puzzle, solution) rows and a string naming them (for the dataset id)."""
+  s = config.data.sudoku
+  csv_field, num_field, stream = (("train_csv", "num_train", 0) if split == "train"
+                                  else ("validation_csv", "num_validation", 1))
+  path = str(s[csv_field])
+  if path:
+    rows = read_csv(path)
+    stat = os.stat(path)
+    return rows, f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}"
+  num, seed = int(s[num_field]), int(config.seed)
+  key = f"gen:{num}:{s.min_blanks}:{s.max_blanks}:{seed}:{stream}"
+  cache = Path(config.data.cache_dir) / "sudoku" / (
+      f"{split}_{hashlib.sha256(key.encode()).hexdigest()[:12]}.csv")
+  if cache.is_file():
+    return read_csv(cache), key
+  # Disjoint streams for train / validation: SeedSequence((seed, stream)).
+  rows = generate(num, int(s.min_blanks), int(s.max_blanks), seed=int(
+      np.random.SeedSequence((seed, stream)).generate_state(1)[0]))
+  write_csv(cache, rows)
+  return rows, key
+
+
+def prepare(config):
+  """PreparedData of the sudoku rows (examples {'puzzle', 'solution'}, byte tokenizer)."""
+  from dgemma import tokenizers
+  from dgemma.data import pipeline
+  validate_config(config)
+  splits = {split: _split_rows(config, split) for split in SPLITS}
+  names = json.dumps([splits[split][1] for split in SPLITS])
+  dataset_id = "sudoku_" + hashlib.sha256(names.encode()).hexdigest()[:12]
+  examples = {split: [{"puzzle": p, "solution": q} for p, q in rows] for split, (rows, _) in splits.items()}
+  return pipeline.PreparedData(tokenizer=tokenizers.ByteTokenizer(), dataset_id=dataset_id, text_key="puzzle",
+                               splits=SPLITS, _open_split=examples.__getitem__)
+
+
+def prompt_tokens(puzzle: str, tokenizer) -> np.ndarray:
+  """[BOS] + the puzzle's 81 digit tokens: int32[82]."""
+  return np.asarray([tokenizer.bos_id] + tokenizer.encode(puzzle), np.int32)
+
+
+def row_tokens(puzzle: str, solution: str, tokenizer) -> np.ndarray:
+  """The training row [BOS] + puzzle | solution: int32[163]."""
+  return np.concatenate([prompt_tokens(puzzle, tokenizer), np.asarray(tokenizer.encode(solution), np.int32)])
+
+
+class _MakeRow:
+  """(stream index, {'puzzle', 'solution'}) -> {'tokens', 'segment_ids', 'positions'} int32[163]."""
+
+  def __init__(self, tokenizer, augment: bool, seed: int):
+    self._tokenizer = tokenizer
+    self._augment = augment
+    self._seed = seed
+
+  def __call__(self, index: int, example: dict[str, Any]) -> dict[str, np.ndarray]:
+    puzzle, solution = example["puzzle"], example["solution"]
+    if self._augment:
+      perm, digit_map = random_symmetry(np.random.default_rng((self._seed, int(index))))
+      puzzle = format_grid(apply_symmetry(parse_grid(puzzle), perm, digit_map))
+      solution = format_grid(apply_symmetry(parse_grid(solution), perm, digit_map))
+    tokens = row_tokens(puzzle, solution, self._tokenizer)
+    return {"tokens": tokens, "segment_ids": np.ones((ROW_LEN,), np.int32),
+            "positions": np.arange(ROW_LEN, dtype=np.int32)}
+
+
+def make_iterator(config, prepared, split: str, *, shard_index: int, shard_count: int, seed: int,
+                  shuffle: bool, num_epochs: int):
+  """Batches of fixed rows (`pipeline.make_iterator` for data.source='sudoku'; same state protocol)."""
+  import grain
+  from dgemma.data import pipeline
+  source = prepared.data_source(split)
+  if len(source) == 0:
+    raise ValueError(f"split {split!r} of {prepared.dataset_id} has no puzzles")
+  sharding = "rows" if len(source) < shard_count else "documents"
+  dataset = grain.MapDataset.source(source)
+  if shard_count > 1:
+    # Fewer puzzles than shards: every shard reads them all (rows repeat across shards).
+    dataset = dataset[shard_index::shard_count] if sharding == "documents" else dataset
+  if shuffle:
+    dataset = dataset.shuffle(seed % 2**32)
+  dataset = dataset.repeat(None if num_epochs == 0 else num_epochs)
+  augment = bool(config.data.sudoku.augment) and split == "train"
+  rows = dataset.map_with_index(_MakeRow(prepared.tokenizer, augment, seed * max(shard_count, 1) + shard_index))
+  batch_size = config.data.batch_size // shard_count
+  batches = rows.to_iter_dataset().batch(batch_size, drop_remainder=False)
+  batches = batches.map(pipeline._FillBatch(batch_size, prepared.tokenizer.pad_id))  # pylint: disable=protected-access
+  identity = dict(dataset_id=prepared.dataset_id, split=split, shard_index=shard_index, shard_count=shard_count,
+                  sharding=sharding, seed=seed, shuffle=shuffle, seq_len=ROW_LEN, batch_size=batch_size)
+  return pipeline.DataIterator(batches, identity)
+
+
+# ---- CLI ------------------------------------------------------------------------------------------
+
+def main(argv=None) -> None:
+  import argparse
+  import time
+  parser = argparse.ArgumentParser(description="Writes Sudoku puzzles with unique solutions as "
+                                   "puzzle,solution CSVs (train.csv, test.csv).")
+  parser.add_argument("--out_dir", required=True)
+  parser.add_argument("--num_train", type=int, default=2000)
+  parser.add_argument("--num_test", type=int, default=500)
+  parser.add_argument("--min_blanks", type=int, default=30)
+  parser.add_argument("--max_blanks", type=int, default=45)
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args(argv)
+  out = Path(args.out_dir)
+  start = time.perf_counter()
+  # Independent streams (seed, 0) for train, (seed, 2) for test (the training pipeline's generated
+  # validation split uses (seed, 1)).
+  state = lambda stream: int(np.random.SeedSequence((args.seed, stream)).generate_state(1)[0])
+  train = generate(args.num_train, args.min_blanks, args.max_blanks, state(0)) if args.num_train else []
+  seen = {solution for _, solution in train}
+  test = [row for row in generate(args.num_test, args.min_blanks, args.max_blanks, state(2)) if row[1] not in seen]
+  if train:
+    write_csv(out / "train.csv", train)
+  write_csv(out / "test.csv", test)
+  print(f"wrote {len(train)} train and {len(test)} test puzzles ({args.min_blanks}-{args.max_blanks} blanks) "
+        f"to {out} in {time.perf_counter() - start:.1f}s")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,227 @@
+"""Sudoku benchmark: solve held-out puzzles with a trained run, report solve rate and cell accuracy.
+
+  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv
+  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv --renoise=none   # ablation
+  python -m eval.sudoku --checkpoint=workdirs/sudoku_ar --puzzles=data/sudoku/test.csv     # AR baseline (greedy)
+  # any sampler setting of configs/base.py's `sample` group, e.g. fewer denoising steps:
+  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --set=max_denoising_steps=16
+
+The run's own config.json gives the model and data settings. Diffusion runs decode each puzzle with
+`dgemma.sampling.generate` (the released entropy-bound sampler with re-noising of non-accepted cells by
+default; `--renoise=none` keeps them instead); runs trained with diffusion.objective='ar' decode the 81
+digits greedily with `dgemma.sampling.ar_generate`. The prompt is [BOS] + the 81 puzzle digits, exactly
+the context of the training rows (dgemma/data/sudoku.py).
+
+Metrics (every puzzle counts; a prediction with a non-digit or a missing cell is simply wrong there):
+  solve_rate     fraction of puzzles whose prediction is a valid grid (every row, column and box holds
+                 1..9) that keeps every given (`dgemma.data.sudoku.is_solution`);
+  cell_accuracy  fraction of all 81 x N cells equal to the reference solution;
+  blank_accuracy the same over the puzzles' blank cells only.
+Predictions go to `--predictions` (default <checkpoint>/sudoku_predictions_<variant>.jsonl), one JSON
+object per puzzle, and the metrics to the same path with `.metrics.json`; both are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from dgemma import checkpointing, trainer
+from dgemma import config as config_lib
+from dgemma.data import sudoku
+from dgemma.model import Transformer
+from dgemma.model.config import ConfigError
+from dgemma.sampling import SamplerConfig, ar_generate, check_request, generate
+from dgemma import tokenizers
+
+
+def prediction_grid(text: str) -> np.ndarray:
+  """A decoded prediction -> int8[81]; cells that are not a digit 1-9 (or are missing) become 0."""
+  cells = np.zeros(sudoku.NUM_CELLS, np.int8)
+  for i, ch in enumerate(text[:sudoku.NUM_CELLS]):
+    if "1" <= ch <= "9":
+      cells[i] = ord(ch) - ord("0")
+  return cells
+
+
+def score(puzzles: Sequence[str], solutions: Sequence[str], predictions: Sequence[str]) -> tuple[dict, list[dict]]:
+  """(metrics, per-puzzle records) of decoded predictions against the reference solutions."""
+  records = []
+  solved = cells = blanks = blank_hits = 0
+  for puzzle_text, solution_text, text in zip(puzzles, solutions, predictions, strict=True):
+    puzzle, solution = sudoku.parse_grid(puzzle_text), sudoku.parse_grid(solution_text)
+    pred = prediction_grid(text)
+    ok = sudoku.is_solution(pred, puzzle)
+    correct_81 = pred == solution
+    is_blank = puzzle == 0
+    solved += ok
+    cells += int(correct_81.sum())
+    blanks += int(is_blank.sum())
+    blank_hits += int((correct_81 & is_blank).sum())
+    records.append(dict(puzzle=puzzle_text, solution=solution_text, prediction=text, solved=bool(ok),
+                        cells_correct=int(correct_81.sum()), givens_kept=bool((pred[~is_blank] == puzzle[~is_blank]).all())))
+  n = len(records)
+  metrics = dict(num_puzzles=n, solve_rate=solved / max(n, 1), cell_accuracy=cells / max(n * sudoku.NUM_CELLS, 1),
+                 blank_accuracy=blank_hits / max(blanks, 1))
+  return metrics, records
+
+
+def _run_config(checkpoint: str):
+  path = Path(checkpoint) / "config.json"
+  if not path.is_file():
+    raise FileNotFoundError(f"--checkpoint: {path} not found: is {checkpoint} a dgemma training workdir?")
+  return config_lib.from_json(path.read_text())
+
+
+def apply_sample_overrides(config, overrides: dict[str, Any]) -> None:
+  """Sets config.sample.<name> = value for each override (unknown names are rejected)."""
+  for name, value in overrides.items():
+    if name not in config.sample:
+      raise ConfigError(f"sample.{name}: unknown sampler setting (see configs/base.py, `sample` group)")
+    with config.sample.ignore_type():
+      config.sample[name] = value
+
+
+def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_size: int = 50,
+                  seed: int | None = None) -> list[str]:
+  """Decoded 81-character predictions (non-digits kept as '.'), one per puzzle, in order.
+
+  Diffusion: `generate` with SamplerConfig.from_config(config) (config.sample); AR objective:
+  greedy `ar_generate`. Batches are padded to `batch_size` rows (one compiled program).
+  """
+  tokenizer = tokenizers.ByteTokenizer()
+  model = Transformer(model_cfg)
+  is_ar = config.diffusion.objective == "ar"
+  sampler_cfg = None if is_ar else SamplerConfig.from_config(config)
+  seed = int(config.sample.seed if seed is None else seed)
+  prompts = np.stack([sudoku.prompt_tokens(p, tokenizer) for p in puzzles]) if puzzles else np.zeros((0, 82))
+  batch_size = max(1, min(batch_size, len(puzzles)))
+  if sampler_cfg is not None:
+    check_request(sampler_cfg, batch=batch_size, prompt_len=sudoku.CONTEXT_LEN, max_new_tokens=sudoku.NUM_CELLS)
+  lengths = np.full((batch_size,), sudoku.CONTEXT_LEN, np.int32)
+  texts = []
+  for start in range(0, len(puzzles), batch_size):
+    chunk = prompts[start:start + batch_size]
+    n = len(chunk)
+    chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - n, axis=0)])
+    # Per-row keys from the puzzle's index: a puzzle's sample does not depend on the batching.
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(np.arange(start, start + batch_size))
+    if is_ar:
+      tokens, _ = ar_generate(model, params, chunk, lengths, keys, max_new_tokens=sudoku.NUM_CELLS,
+                              temperature=0.0, end_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
+    else:
+      tokens = generate(model, params, chunk, lengths, sampler_cfg, keys, max_new_tokens=sudoku.NUM_CELLS).tokens_BN
+    tokens = np.asarray(jax.device_get(tokens))[:n]
+    texts.extend(_decode_cells(row, tokenizer) for row in tokens)
+  return texts
+
+
+def _decode_cells(ids: np.ndarray, tokenizer) -> str:
+  """One character per generated position: the byte if it is printable ASCII, else '.'."""
+  out = []
+  for i in ids.tolist():
+    ch = tokenizer.decode([i])
+    out.append(ch if len(ch) == 1 and ch.isprintable() and ch.isascii() else ".")
+  return "".join(out)
+
+
+def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | None = None,
+             predictions_path: str | None = None, batch_size: int = 50, limit: int = 0, step: int = -1,
+             print_fn=print) -> dict:
+  """Runs the benchmark; returns the metrics (also written next to the predictions)."""
+  config = _run_config(checkpoint)
+  apply_sample_overrides(config, overrides or {})
+  config_lib.validate(config)
+  if config.diffusion.objective != "ar":
+    SamplerConfig.from_config(config)  # bad sampler settings fail before loading anything
+  rows = sudoku.read_csv(puzzles_csv)
+  if limit > 0:
+    rows = rows[:limit]
+  config, model_cfg, params, step = _with_params(checkpoint, config, step)
+  start = time.perf_counter()
+  predictions = solve_puzzles(config, model_cfg, params, [p for p, _ in rows], batch_size=batch_size)
+  seconds = time.perf_counter() - start
+  metrics, records = score([p for p, _ in rows], [s for _, s in rows], predictions)
+  variant = "ar_greedy" if config.diffusion.objective == "ar" else f"{config.sample.sampler}_renoise_{config.sample.renoise}"
+  metrics.update(variant=variant, checkpoint=str(checkpoint), step=int(step), puzzles=str(puzzles_csv),
+                 seconds=round(seconds, 2), sample_overrides=dict(overrides or {}))
+  out = Path(predictions_path or Path(checkpoint) / f"sudoku_predictions_{variant}.jsonl")
+  checkpointing.write_text_atomic(out, "".join(json.dumps(r) + "\n" for r in records))
+  checkpointing.write_text_atomic(out.with_suffix(".metrics.json"), json.dumps(metrics, indent=2) + "\n")
+  print_fn(f"{variant} (step {step}): solve rate {metrics['solve_rate']:.4f}, cell accuracy "
+           f"{metrics['cell_accuracy']:.4f}, blank accuracy {metrics['blank_accuracy']:.4f} on {len(rows)} puzzles "
+           f"({seconds:.1f}s); predictions -> {out}")
+  return metrics
+
+
+def _with_params(checkpoint, config, step):
+  if config.data.source != "sudoku":
+    raise ConfigError(f"--checkpoint: {checkpoint} was trained with data.source={config.data.source!r}, not 'sudoku'")
+  model_cfg, params, step = trainer.load_params(checkpoint, config, step)
+  return config, model_cfg, params, step
+
+
+def ablation_metrics(checkpoint, config) -> dict:
+  """Metric 'sudoku' of the ablation runner (`python -m eval.ablate`, eval/ablate.py): the benchmark on
+  the run's held-out validation puzzles (data.sudoku.validation_csv, or the generated validation split,
+  a seed stream disjoint from training), decoded with `config`'s sample settings.
+
+  checkpoint: an eval.checkpoints.Checkpoint (uses .config, .model_cfg, .params); config: the run's
+  config with the setting's evaluation overrides applied.
+  """
+  from dgemma.data import pipeline
+  if checkpoint.config.data.source != "sudoku":
+    raise ConfigError(f"metric: 'sudoku' needs a run trained with data.source='sudoku', got "
+                      f"{checkpoint.config.data.source!r}")
+  source = pipeline.prepare(checkpoint.config).data_source("validation")
+  rows = [(source[i]["puzzle"], source[i]["solution"]) for i in range(len(source))]
+  start = time.perf_counter()
+  predictions = solve_puzzles(config, checkpoint.model_cfg, checkpoint.params, [p for p, _ in rows])
+  metrics, _ = score([p for p, _ in rows], [s for _, s in rows], predictions)
+  metrics["seconds"] = round(time.perf_counter() - start, 2)
+  return metrics
+
+
+def _parse_set(values: Sequence[str]) -> dict[str, Any]:
+  out = {}
+  for item in values:
+    if "=" not in item:
+      raise ConfigError(f"--set: expected NAME=VALUE, got {item!r}")
+    name, value = item.split("=", 1)
+    try:
+      out[name] = json.loads(value)
+    except json.JSONDecodeError:
+      out[name] = value
+  return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  import argparse
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--checkpoint", required=True, help="training workdir (config.json + checkpoints/)")
+  parser.add_argument("--puzzles", required=True, help="puzzle,solution CSV")
+  parser.add_argument("--predictions", default=None, help="output JSONL (default: in the workdir)")
+  parser.add_argument("--renoise", default=None, help="sample.renoise: non_accepted (released) | none | low_confidence")
+  parser.add_argument("--set", action="append", default=[], help="sample.NAME=VALUE (repeatable)")
+  parser.add_argument("--batch_size", type=int, default=50)
+  parser.add_argument("--limit", type=int, default=0, help="only the first N puzzles (0 = all)")
+  parser.add_argument("--step", type=int, default=-1, help="checkpoint step (-1 = latest)")
+  args = parser.parse_args(argv)
+  overrides = _parse_set(args.set)
+  if args.renoise is not None:
+    overrides["renoise"] = args.renoise
+  try:
+    evaluate(args.checkpoint, args.puzzles, overrides=overrides, predictions_path=args.predictions,
+             batch_size=args.batch_size, limit=args.limit, step=args.step)
+  except (ConfigError, FileNotFoundError, ValueError) as e:
+    sys.exit(f"eval.sudoku: {e}")
+
+
+if __name__ == "__main__":
+  main()

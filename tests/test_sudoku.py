@@ -1,0 +1,276 @@
+"""Sudoku benchmark: solver and generator, validity checker, CSV errors, data rows, eval.sudoku end to end."""
+
+import itertools
+import json
+import types
+
+import numpy as np
+import pytest
+
+from dgemma.data import sudoku
+from dgemma.model.config import ConfigError
+
+# A well-known puzzle (unique solution) and its solution.
+PUZZLE = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
+SOLUTION = "534678912672195348198342567859761423426853791713924856961537284287419635345286179"
+
+
+def _grid(text):
+  return sudoku.parse_grid(text)
+
+
+def _brute_force_count(puzzle):
+  """Slow obvious reference: every way to fill each row's blanks with a permutation of the digits the
+  row is missing, each candidate grid checked whole with `is_solution`."""
+  puzzle = np.asarray(puzzle)
+  row_options = []
+  for r in range(9):
+    row = puzzle[9 * r:9 * r + 9]
+    blanks = [9 * r + int(c) for c in np.flatnonzero(row == 0)]
+    missing = sorted(set(range(1, 10)) - set(row.tolist()))
+    row_options.append([(blanks, perm) for perm in itertools.permutations(missing)])
+  count = 0
+  for choice in itertools.product(*row_options):
+    candidate = puzzle.copy()
+    for blanks, perm in choice:
+      candidate[blanks] = perm
+    count += sudoku.is_solution(candidate, puzzle)
+  return count
+
+
+def test_validity_checker_hand_made_cases():
+  puzzle, solution = _grid(PUZZLE), _grid(SOLUTION)
+  assert sudoku.is_solution(solution, puzzle)
+  assert sudoku.is_solution(solution, np.zeros(81, np.int8))
+  swapped = solution.copy()
+  swapped[[0, 1]] = swapped[[1, 0]]          # row still 1..9, columns 0 and 1 now repeat
+  assert not sudoku.is_solution(swapped, np.zeros(81, np.int8))
+  relabelled = np.where(solution == 1, 2, np.where(solution == 2, 1, solution))  # a valid grid ...
+  assert sudoku.is_solution(relabelled, np.zeros(81, np.int8))
+  assert not sudoku.is_solution(relabelled, puzzle)                               # ... that changes givens
+  latin = np.asarray([(r + c) % 9 + 1 for r in range(9) for c in range(9)])      # rows, columns ok, boxes not
+  assert all(sorted(latin.reshape(9, 9)[r]) == list(range(1, 10)) for r in range(9))
+  assert not sudoku.is_solution(latin, np.zeros(81, np.int8))
+  blank = solution.copy()
+  blank[40] = 0
+  assert not sudoku.is_solution(blank, np.zeros(81, np.int8))
+  assert not sudoku.is_consistent(_grid("55" + "0" * 79))
+  assert sudoku.is_consistent(puzzle)
+
+
+def test_solver_counts_match_brute_force_and_generator_is_unique_and_deterministic():
+  puzzle, solution = _grid(PUZZLE), _grid(SOLUTION)
+  assert sudoku.count_solutions(puzzle, limit=10) == 1
+  np.testing.assert_array_equal(sudoku.solve(puzzle), solution)
+  rng = np.random.default_rng(7)
+  grid = sudoku.random_full_grid(rng)
+  assert sudoku.is_solution(grid, np.zeros(81, np.int8))
+  # Blanking every 1 and 2: swapping them everywhere gives a second solution.
+  two = np.where(np.isin(grid, (1, 2)), 0, grid).astype(np.int8)
+  assert sudoku.count_solutions(two, limit=10) == _brute_force_count(two) >= 2
+  assert sudoku.count_solutions(two, limit=1) == 1  # the limit stops the search
+  for trial in range(4):  # random blank sets: exact counts against the brute force
+    cells = rng.choice(81, size=14, replace=False)
+    holed = grid.copy()
+    holed[cells] = 0
+    assert sudoku.count_solutions(holed, limit=1000) == _brute_force_count(holed), trial
+  assert sudoku.count_solutions(_grid("11" + "0" * 79)) == 0
+
+  rows = sudoku.generate(3, 40, 46, seed=5)
+  assert rows == sudoku.generate(3, 40, 46, seed=5)
+  assert rows != sudoku.generate(3, 40, 46, seed=6)
+  for puzzle_text, solution_text in rows:
+    p, s = _grid(puzzle_text), _grid(solution_text)
+    assert 40 <= int((p == 0).sum()) <= 46
+    assert sudoku.count_solutions(p, limit=2) == 1 and sudoku.is_solution(s, p)
+    # Unique, and removing one more given from a generated puzzle can only keep or add solutions.
+    given = int(np.flatnonzero(p)[0])
+    fewer = p.copy()
+    fewer[given] = 0
+    assert sudoku.count_solutions(fewer, limit=50) >= 1
+    # A symmetry maps it to another unique puzzle with the same blanks and a mapped solution.
+    perm, digit_map = sudoku.random_symmetry(np.random.default_rng(1))
+    p2, s2 = sudoku.apply_symmetry(p, perm, digit_map), sudoku.apply_symmetry(s, perm, digit_map)
+    assert sudoku.is_solution(s2, p2) and (p2 == 0).sum() == (p == 0).sum()
+    assert sudoku.count_solutions(p2, limit=2) == 1
+
+
+def test_csv_round_trip_and_errors_name_file_and_line(tmp_path):
+  good = tmp_path / "good.csv"
+  sudoku.write_csv(good, [(PUZZLE, SOLUTION), (PUZZLE, SOLUTION)])
+  assert sudoku.read_csv(good) == [(PUZZLE, SOLUTION)] * 2
+  cases = {
+      "short.csv": (f"{PUZZLE[:-1]},{SOLUTION}", "short.csv:3: puzzle: expected 81 digits, got 80"),
+      "letter.csv": (f"{PUZZLE[:-1]}x,{SOLUTION}", "letter.csv:3: puzzle: non-digit character 'x'"),
+      "blank_solution.csv": (f"{PUZZLE},0{SOLUTION[1:]}", "blank_solution.csv:3: solution: a solution has no blanks"),
+      "wrong.csv": (f"{PUZZLE},{SOLUTION[1]}{SOLUTION[0]}{SOLUTION[2:]}", "wrong.csv:3: the solution does not solve"),
+      "fields.csv": (f"{PUZZLE}", "fields.csv:3: expected 2 fields"),
+  }
+  for name, (bad_line, message) in cases.items():
+    path = tmp_path / name
+    path.write_text(f"puzzle,solution\n{PUZZLE},{SOLUTION}\n{bad_line}\n")
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+      sudoku.read_csv(path)
+  (tmp_path / "header.csv").write_text(f"quiz,solution\n{PUZZLE},{SOLUTION}\n")
+  with pytest.raises(ValueError, match="header.csv:1: expected the header"):
+    sudoku.read_csv(tmp_path / "header.csv")
+
+
+def sudoku_config(tmp_path, train_csv="", validation_csv="", **sudoku_fields):
+  from configs import sudoku as sudoku_configs
+  from configs.models import tiny
+  config = sudoku_configs.get_config()
+  config.model = tiny.get_config()
+  config.model.vocab_size = 260
+  config.model.self_conditioning = False
+  config.data.batch_size = 2
+  config.data.cache_dir = str(tmp_path / "data_cache")
+  config.data.sudoku.train_csv = str(train_csv)
+  config.data.sudoku.validation_csv = str(validation_csv)
+  config.data.sudoku.update(sudoku_fields)
+  config.train.num_steps = 1
+  config.train.async_checkpointing = False
+  config.sample.max_denoising_steps = 3
+  return config
+
+
+def test_sudoku_rows_alignment_determinism_resume_and_config_errors(tmp_path):
+  from dgemma import config as config_lib
+  from dgemma.data import pipeline
+  rows = sudoku.generate(5, 30, 35, seed=3)
+  train_csv = tmp_path / "train.csv"
+  sudoku.write_csv(train_csv, rows)
+  config = sudoku_config(tmp_path, train_csv, train_csv, augment=False)
+  config.data.shuffle = False
+  config_lib.validate(config)
+  prepared = pipeline.prepare(config)
+  tok = prepared.tokenizer
+  batch = next(pipeline.make_iterator(config, prepared, "train"))
+  assert batch["tokens"].shape == (2, 163)
+  for b in range(2):   # unshuffled, unaugmented: exactly the CSV rows, prompt | canvas aligned cell by cell
+    tokens = batch["tokens"][b]
+    assert tokens[0] == tok.bos_id
+    assert tok.decode(tokens[1:82]) == rows[b][0] and tok.decode(tokens[82:]) == rows[b][1]
+  np.testing.assert_array_equal(batch["positions"], np.broadcast_to(np.arange(163), (2, 163)))
+  np.testing.assert_array_equal(batch["segment_ids"], np.ones((2, 163)))
+
+  config = sudoku_config(tmp_path, train_csv, train_csv, augment=True)
+  prepared = pipeline.prepare(config)
+  first, second = (pipeline.make_iterator(config, prepared, "train") for _ in range(2))
+  stream = [next(first) for _ in range(4)]   # 8 rows: more than an epoch of 5 puzzles
+  state = first.get_state()
+  after = next(first)
+  for got in stream:
+    np.testing.assert_array_equal(got["tokens"], next(second)["tokens"])  # same seed, same rows
+  resumed = pipeline.make_iterator(config, prepared, "train")
+  resumed.set_state(state)
+  np.testing.assert_array_equal(next(resumed)["tokens"], after["tokens"])
+  blanks = sorted(p.count("0") for p, _ in rows)
+  seen_augmented = 0
+  for got in stream:
+    for tokens in got["tokens"]:
+      puzzle, solution = _grid(tok.decode(tokens[1:82])), _grid(tok.decode(tokens[82:]))
+      assert sudoku.is_solution(solution, puzzle) and int((puzzle == 0).sum()) in blanks
+      seen_augmented += tok.decode(tokens[1:82]) not in {p for p, _ in rows}
+  assert seen_augmented > 0
+  validation = next(pipeline.make_iterator(config, prepared, "validation"))  # never augmented
+  assert tok.decode(validation["tokens"][0][1:82]) == rows[0][0]
+
+  def fails(match, **changes):
+    bad = sudoku_config(tmp_path, train_csv, train_csv)
+    for key, value in changes.items():
+      node = bad
+      *parents, leaf = key.split("__")
+      for p in parents:
+        node = node[p]
+      node[leaf] = value
+    with pytest.raises(ConfigError, match=match):
+      pipeline.validate_data_config(bad)
+
+  fails("data.sudoku.train_csv: '/nonexistent.csv' does not exist", data__sudoku__train_csv="/nonexistent.csv")
+  fails("data.seq_len: data.source='sudoku' rows are", data__seq_len=164)
+  fails("data.tokenizer.kind: data.source='sudoku' needs the byte tokenizer", data__tokenizer__kind="sentencepiece")
+  fails("diffusion.canvas_len: data.source='sudoku'", diffusion__canvas_len=80)
+  fails("data.sudoku.min_blanks", data__sudoku__min_blanks=50, data__sudoku__max_blanks=40)
+  fails("data.sudoku.num_validation: must be positive", data__sudoku__validation_csv="",
+        data__sudoku__num_validation=0)
+  bad_csv = tmp_path / "bad.csv"
+  bad_csv.write_text(f"puzzle,solution\n{PUZZLE},{SOLUTION[:-1]}\n")
+  with pytest.raises(ValueError, match="bad.csv:2: solution: expected 81 digits"):
+    pipeline.prepare(sudoku_config(tmp_path, bad_csv, train_csv))
+
+
+def _slow_metrics(records):
+  """Recomputes the metrics from the written predictions with plain loops."""
+  solved = correct = blank_total = blank_correct = 0
+  for r in records:
+    puzzle, solution, pred = r["puzzle"], r["solution"], r["prediction"]
+    grid = [[pred[9 * i + j] if len(pred) > 9 * i + j else "." for j in range(9)] for i in range(9)]
+    units = [[grid[i][j] for j in range(9)] for i in range(9)] + [[grid[i][j] for i in range(9)] for j in range(9)]
+    units += [[grid[3 * bi + i][3 * bj + j] for i in range(3) for j in range(3)] for bi in range(3) for bj in range(3)]
+    valid = all(sorted(u) == list("123456789") for u in units)
+    kept = all(p == "0" or p == pred[k] for k, p in enumerate(puzzle))
+    solved += valid and kept
+    for k in range(81):
+      hit = k < len(pred) and pred[k] == solution[k]
+      correct += hit
+      if puzzle[k] == "0":
+        blank_total += 1
+        blank_correct += hit
+  n = len(records)
+  return dict(solve_rate=solved / n, cell_accuracy=correct / (81 * n), blank_accuracy=blank_correct / blank_total)
+
+
+def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path):
+  import jax.numpy as jnp
+  from dgemma import checkpointing, trainer
+  from tests.model_utils import random_params
+  from dgemma import config as config_lib
+  from eval import sudoku as eval_sudoku
+
+  rows = sudoku.generate(2, 30, 35, seed=11)
+  puzzles_csv = tmp_path / "puzzles.csv"
+  sudoku.write_csv(puzzles_csv, rows)
+  config = sudoku_config(tmp_path, puzzles_csv, puzzles_csv)
+  # A "trained" run without training: random init saved as step 1 with the run's config.json.
+  workdir = tmp_path / "run"
+  model_cfg = config_lib.validate(config)
+  params = random_params(model_cfg)   # no init program to compile
+  state = trainer.TrainState(step=jnp.ones((), jnp.int32), params=params,
+                             opt_state=trainer.make_optimizer(config.opt, 1).init(params))
+  checkpointing.write_text_atomic(workdir / "config.json", config_lib.to_json(config))
+  manager = checkpointing.make_manager(workdir, async_save=False)
+  checkpointing.save(manager, 1, state, None)
+  manager.wait_until_finished()
+  manager.close()
+
+  out = tmp_path / "preds.jsonl"
+  metrics = eval_sudoku.evaluate(str(workdir), str(puzzles_csv), predictions_path=str(out), batch_size=2,
+                                 print_fn=lambda *_: None)
+  records = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [(r["puzzle"], r["solution"]) for r in records] == rows
+  assert all(len(r["prediction"]) == 81 for r in records)
+  slow = _slow_metrics(records)
+  for key in slow:
+    assert metrics[key] == pytest.approx(slow[key], abs=1e-12), key
+  assert json.loads(out.with_suffix(".metrics.json").read_text())["solve_rate"] == metrics["solve_rate"]
+  assert metrics["variant"] == "released_renoise_non_accepted" and metrics["num_puzzles"] == 2
+
+  # The ablation runner's metric: the run's validation puzzles (here the same 2), same sampler -> same numbers.
+  run_config = config_lib.from_json((workdir / "config.json").read_text())
+  ckpt = types.SimpleNamespace(config=run_config, model_cfg=model_cfg, params=state.params)
+  ablation = eval_sudoku.ablation_metrics(ckpt, run_config)
+  for key in ("solve_rate", "cell_accuracy", "blank_accuracy", "num_puzzles"):
+    assert ablation[key] == metrics[key], key
+
+  # The scorer on hand-made predictions: one solved, one with a changed given, one short and wrong.
+  wrong_given = ("1" if SOLUTION[0] != "1" else "2") + SOLUTION[1:]
+  m, recs = eval_sudoku.score([PUZZLE] * 3, [SOLUTION] * 3, [SOLUTION, wrong_given, "12345"])
+  assert m["solve_rate"] == pytest.approx(1 / 3)
+  assert m == pytest.approx({**m, **_slow_metrics(recs)})
+  assert [r["solved"] for r in recs] == [True, False, False] and recs[1]["givens_kept"] is False
+
+  with pytest.raises(ConfigError, match="sample.renoise must be one of"):
+    eval_sudoku.evaluate(str(workdir), str(puzzles_csv), overrides={"renoise": "sometimes"})
+  with pytest.raises(ConfigError, match="sample.not_a_setting: unknown"):
+    eval_sudoku.evaluate(str(workdir), str(puzzles_csv), overrides={"not_a_setting": 1})
