@@ -82,9 +82,9 @@ def test_canvas_bound_terms_match_the_literal_formula():
 
 
 def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
-  """The batched model path (left-padded windows, padding rows, partial canvas) against one unpadded
-  encode / decode per canvas and the literal formulas. The two programs differ in shapes, so model
-  logits agree to ~1e-4 in fp32 (checked), which the NELBO's 1/t weight amplifies: rtol 2e-3."""
+  """The batched model path (left-padded windows, padding rows, partial canvas) against one right-padded
+  encode / decode per canvas and the literal formulas. The two programs differ in layout and shapes, so
+  model logits agree only to ~1e-4 in fp32, which the NELBO's 1/t weight amplifies: rtol 2e-3."""
   config = _config(tiny_config)
   model_cfg = config_lib.validate(config)
   params = random_params(model_cfg)
@@ -99,16 +99,23 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
   K, C, M, V = 16, 16, 2, model_cfg.vocab_size
 
   @jax.jit
-  def slow_logits(ctx, z_MC):  # unpadded: the window, then the M + 1 noisy canvases in one batch
-    R, n = z_MC.shape
-    cache = init_cache(model_cfg, R, ctx.shape[0])
-    ctx_RT = jnp.broadcast_to(ctx, (R, ctx.shape[0]))
-    _, cache = model.apply({"params": params}, ctx_RT, jnp.broadcast_to(jnp.arange(ctx.shape[0]), ctx_RT.shape),
-                           jnp.ones_like(ctx_RT), cache, return_logits=False, method=Transformer.encode)
-    pos = jnp.broadcast_to(ctx.shape[0] + jnp.arange(n), (R, n))
-    dec = lambda sc: model.apply({"params": params}, z_MC, pos, jnp.ones_like(z_MC), cache, sc_logits_BCV=sc,
-                                 method=Transformer.decode)
+  def slow_logits(ctx_K, ctx_len, z_MC, n):
+    """Right-padded (the batched path left-pads): the window in slots [0, ctx_len), then the M + 1 noisy
+    canvases in one batch, their first n positions real. One program for every canvas."""
+    R = z_MC.shape[0]
+    ctx_RK = jnp.broadcast_to(ctx_K, (R, K))
+    seg_RK = jnp.broadcast_to(jnp.arange(K) < ctx_len, (R, K)).astype(jnp.int32)
+    _, cache = model.apply({"params": params}, ctx_RK, jnp.broadcast_to(jnp.arange(K), (R, K)), seg_RK,
+                           init_cache(model_cfg, R, K), return_logits=False, method=Transformer.encode)
+    pos = jnp.broadcast_to(ctx_len + jnp.arange(C), (R, C))
+    seg = jnp.broadcast_to(jnp.arange(C) < n, (R, C)).astype(jnp.int32)
+    dec = lambda sc: model.apply({"params": params}, z_MC, pos, seg, cache, sc_logits_BCV=sc, method=Transformer.decode)
     return dec(dec(None))
+
+  def right_pad(x, length):
+    out = np.zeros((length,), np.int32)
+    out[:len(x)] = x
+    return out
 
   slow, slow_recon = 0.0, 0.0
   for d, tokens in enumerate(d.tokens for d in docs):
@@ -116,8 +123,9 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
       ctx, canvas = tokens[max(0, s - K):s], tokens[s:s + C]
       key = jax.random.fold_in(jax.random.fold_in(jax.random.key(3), d), k)
       times, z_MC = _draws(key, C, M, loss_cfg.t_eps, V, canvas)
-      logits = np.asarray(slow_logits(ctx, z_MC), np.float64)
-      bound, recon = _literal_canvas_bound(logits, canvas, z_MC, times, loss_cfg.t_eps)
+      z_padded = np.stack([right_pad(z, C) for z in z_MC])
+      logits = np.asarray(slow_logits(right_pad(ctx, K), len(ctx), z_padded, len(canvas)), np.float64)
+      bound, recon = _literal_canvas_bound(logits[:, :len(canvas)], canvas, z_MC, times, loss_cfg.t_eps)
       slow, slow_recon = slow + bound, slow_recon + recon
   np.testing.assert_allclose(out["total_nats"], slow, rtol=2e-3)
   np.testing.assert_allclose(out["reconstruction_nats_per_token"] * out["tokens"], slow_recon, rtol=2e-3)
@@ -134,16 +142,16 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
   ar = likelihood.evaluate_documents(checkpoints.Checkpoint("random", "params", config, model_cfg, params, None),
                                      config, docs)
   assert ar["measure"] == "exact_nll" and ar["tokens"] == 44
+  score_row = jax.jit(lambda r, n: model.apply(  # right-padded rows of K + C slots, the first n real
+      {"params": params}, r[None], jnp.arange(K + C)[None], (jnp.arange(K + C) < n).astype(jnp.int32)[None],
+      init_cache(model_cfg, 1, K + C), method=Transformer.encode)[0])
   slow_ar = 0.0
   for tokens in (d.tokens for d in docs):
     for s in range(1, len(tokens), C):
       row = tokens[max(0, s - K):s + C]
-      L = len(row)
-      logits, _ = jax.jit(lambda r: model.apply({"params": params}, r[None], jnp.arange(L)[None], jnp.ones((1, L), jnp.int32),
-                                                init_cache(model_cfg, 1, L), method=Transformer.encode))(row)
-      logp = jax.nn.log_softmax(np.asarray(logits[0], np.float64), axis=-1)
+      logp = jax.nn.log_softmax(np.asarray(score_row(right_pad(row, K + C), len(row))[0], np.float64), axis=-1)
       first = min(s, K)  # index of the canvas's first token in `row`
-      slow_ar -= sum(float(logp[i - 1, row[i]]) for i in range(first, L))
+      slow_ar -= sum(float(logp[i - 1, row[i]]) for i in range(first, len(row)))
   np.testing.assert_allclose(ar["total_nats"], slow_ar, rtol=1e-4)
 
 
