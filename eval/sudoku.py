@@ -32,13 +32,12 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from dgemma import checkpointing, trainer
+from dgemma import checkpointing, tokenizers, trainer
 from dgemma import config as config_lib
 from dgemma.data import sudoku
 from dgemma.model import Transformer
 from dgemma.model.config import ConfigError
 from dgemma.sampling import SamplerConfig, ar_generate, check_request, generate
-from dgemma import tokenizers
 
 
 def prediction_grid(text: str) -> np.ndarray:
