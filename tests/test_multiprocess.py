@@ -47,7 +47,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_two(cmd_for_process, timeout=420) -> list[str]:
+def _run_two(cmd_for_process, timeout=900) -> list[str]:
   """Runs the 2 processes of a localhost job (4 CPU devices each, gloo) and returns their stdout."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
              XLA_FLAGS=FAST_COMPILE_XLA_FLAGS)
