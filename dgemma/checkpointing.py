@@ -60,7 +60,9 @@ def all_process_data_states(data_state: dict) -> dict:
   if jax.process_count() == 1:
     return data_state
   from jax.experimental import multihost_utils
+  from dgemma import trainer
   blob = np.frombuffer(json.dumps(data_state).encode(), np.uint8)
+  trainer.process_barrier("dgemma_gather_data_states")  # start the gathers together (gloo connect timeout)
   sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int32))).reshape(-1)
   width = -(-int(sizes.max()) // 4096) * 4096  # stable shapes: one small gather program per size class
   padded = np.zeros((width,), np.uint8)

@@ -416,13 +416,19 @@ def init_distributed(coordinator_address: str | None = None, num_processes: int 
   return True
 
 
+def process_barrier(name: str, timeout_s: int = 3600) -> None:
+  """Waits until every process got here, through the coordinator (no device collective)."""
+  if jax.process_count() > 1:
+    from jax._src import distributed  # the coordinator client jax.distributed.initialize made
+    distributed.global_state.client.wait_at_barrier(name, timeout_s * 1000)
+
+
 def prepare_data(config):
   """Builds the dataset and tokenizer once (process 0 first on multi-host runs), then opens them."""
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     if jax.process_index() == 0:
       data_pipeline.prepare(config)
-    multihost_utils.sync_global_devices("dgemma_prepare_data")
+    process_barrier("dgemma_prepare_data")  # not a device collective: building may take long
   return data_pipeline.prepare(config)
 
 
@@ -482,6 +488,14 @@ def _train(config, workdir_path: Path, model_cfg: ModelConfig, mesh: Mesh, stop_
                        in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
                        donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(model_cfg, loss_cfg), in_shardings=(state_shardings.params, data_sharding, None))
+  if jax.process_count() > 1:
+    # Compile both steps first, then wait for every process: the first cross-process collective
+    # must start everywhere within gloo's 30 s connect timeout, and compile times differ.
+    batch_spec = {k: jax.ShapeDtypeStruct((config.data.batch_size, config.data.seq_len), jnp.int32,
+                                          sharding=data_sharding) for k in ("tokens", "segment_ids", "positions")}
+    train_step = train_step.lower(abstract_state, batch_spec, base_rng).compile()
+    eval_step = eval_step.lower(abstract_state.params, batch_spec, eval_rng).compile()
+    process_barrier("dgemma_steps_compiled")
   writer = MetricWriter(workdir_path)
 
   start_step = int(state.step)

@@ -116,6 +116,8 @@ from dgemma import config as config_lib
 from dgemma.data import pipeline
 from dgemma.model import Transformer
 from dgemma.model.moe import experts_dense, experts_expert_parallel
+from dgemma.model.sharding import fit_spec_to_shape
+from jax.sharding import NamedSharding
 from dgemma.sampling import SamplerConfig, generate
 assert jax.device_count() == 8, jax.devices()
 tmp = Path(sys.argv[2])
@@ -197,8 +199,9 @@ for name in ("1dev", "expert"):
   with trainer.mesh_context(mesh, config):
     _, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
     params = jax.device_put(jax.device_get(params), jax.tree.map(lambda a: a.sharding, abstract.params))
-    res = generate(Transformer(model_cfg), params, jax.device_put(prompts, trainer.batch_sharding(mesh, config)),
-                   lengths, sampler_cfg, jax.random.key(5), 16)
+    rows = NamedSharding(mesh, fit_spec_to_shape(trainer.batch_sharding(mesh, config).spec, prompts.shape, mesh))
+    res = generate(Transformer(model_cfg), params, jax.device_put(prompts, rows), lengths, sampler_cfg,
+                   jax.random.key(5), 16)  # 2 rows over data=2 (fit_spec_to_shape drops expert)
   tokens[name] = np.asarray(res.tokens_BN).tolist()
 out["sample"] = tokens
 print(json.dumps(out))

@@ -175,8 +175,13 @@ def experts_expert_parallel(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_
     expert_M = idx_tk.reshape(-1)
     send_NMD, send_expert_NM, pos_M = _dispatch_local(x_tD.astype(dtype)[jnp.arange(t * k) // k],
                                                       expert_M // L, expert_M % L, n)
-    recv_NMD = jax.lax.all_to_all(send_NMD, "expert", 0, 0)
-    recv_expert_NM = jax.lax.all_to_all(send_expert_NM, "expert", 0, 0)
+    # One all_to_all for rows and their expert ids (bit-cast into an extra column): collectives stay
+    # in a single dependency chain (dispatch -> experts -> return), none independent of another.
+    packed_NMd = jnp.concatenate(
+        [send_NMD.astype(jnp.float32), jax.lax.bitcast_convert_type(send_expert_NM, jnp.float32)[..., None]], -1)
+    recv_NMd = jax.lax.all_to_all(packed_NMd, "expert", 0, 0)
+    recv_NMD = recv_NMd[..., :D].astype(dtype)
+    recv_expert_NM = jax.lax.bitcast_convert_type(recv_NMd[..., D], jnp.int32)
     y_RD = _local_experts(recv_NMD.reshape(-1, D), recv_expert_NM.reshape(-1), gate_LDF, up_LDF, down_LFD, dtype)
     back_NMD = jax.lax.all_to_all(y_RD.reshape(n, -1, D), "expert", 0, 0)
     y_tkD = back_NMD[expert_M // L, pos_M].reshape(t, k, D)
