@@ -221,7 +221,7 @@ def report(config, *, quantize: str, group_size: int, context: int, canvas: int,
            f"  weights          {fmt(inf['weights'])}",
            f"  KV cache         {fmt(inf['kv_cache'])}",
            f"  canvas step      {fmt(inf['canvas_step'])}   (one denoising step's working set)",
-           f"  total            {fmt(total)}   -> {'fits' if total <= budget_gib * GiB else 'does NOT fit'} in "
+           f"  total            {fmt(total)}   -> by this estimate {'fits' if total <= budget_gib * GiB else 'does NOT fit'} in "
            f"{budget_gib:g} GiB ({budget_gib * GiB / 1e9:.1f} GB)"]
   if training:
     sizes = mesh_sizes(mesh_shape, devices)
