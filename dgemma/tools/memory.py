@@ -21,9 +21,10 @@ value_and_grad(diffusion_loss) at the per-device batch (batch / (data x fsdp)) u
 its parameter inputs and gradient outputs. Activations are not divided over tensor / expert axes.
 
 `activation_peak` walks a jaxpr in program order, keeping every value until its last use and adding
-the peak of nested programs (scan / while / cond / remat bodies): XLA fuses elementwise chains and
-reuses buffers, so it over-counts fusible temporaries; docs/benchmarks.md compares it with XLA's
-compiled buffer assignment (`bench/memory_check.py`).
+the peak of nested programs (scan / while / cond / remat bodies). It is an estimate, not a bound: XLA
+fuses elementwise chains (fewer buffers) but also keeps loop-carried copies and schedules differently
+(more); on the small preset it came within -39% .. +4% of XLA's CPU buffer assignment
+(`bench/memory_check.py`, docs/benchmarks.md "Memory").
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def report(config, *, quantize: str, group_size: int, context: int, canvas: int,
            f"  weights          {fmt(inf['weights'])}",
            f"  KV cache         {fmt(inf['kv_cache'])}",
            f"  canvas step      {fmt(inf['canvas_step'])}   (one denoising step's working set)",
-           f"  total            {fmt(total)}   -> {'fits' if total <= budget_gib * GiB else 'does NOT fit'} in "
+           f"  total            {fmt(total)}   -> by this estimate {'fits' if total <= budget_gib * GiB else 'does NOT fit'} in "
            f"{budget_gib:g} GiB ({budget_gib * GiB / 1e9:.1f} GB)"]
   if training:
     sizes = mesh_sizes(mesh_shape, devices)

@@ -77,7 +77,22 @@ def quantized_shapes(cfg: ModelConfig, qcfg: "quant.QuantConfig", dtype: str = "
 
 def summarize(cfg: ModelConfig, group_size: int = quant.QuantConfig.group_size) -> dict[str, Any]:
   """{'total', 'active', 'components': {name: (total, active)}, 'bytes': {'bf16', 'int8', 'int4'},
-  'quantized_params', 'scales'} (int4 with groups of `group_size`; see the module docstring)."""
+  'quantized_params', 'int4_scales', 'group_size'} (int4 with groups of `group_size`; see the module docstring)."""
+  comps = components(cfg)
+  total = sum(t for t, _ in comps.values())
+  active = sum(a for _, a in comps.values())
+  nbytes = {"bf16": 2 * total}
+  for scheme in ("int8", "int4"):
+    qtree = quantized_shapes(cfg, quant.QuantConfig(scheme, group_size))
+    nbytes[scheme] = quant.tree_bytes(qtree)
+  qleaves = [x for x in jax.tree.leaves(qtree, is_leaf=quant.is_quantized) if quant.is_quantized(x)]
+  return {"total": total, "active": active, "components": comps, "bytes": nbytes,
+          "quantized_params": sum(math.prod(x.shape) for x in qleaves),
+          "int4_scales": sum(math.prod(x.scale.shape) for x in qleaves), "group_size": group_size}
+
+
+def components(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+  """{component: (total, active)} parameter counts (COMPONENTS; shapes only)."""
   counts = count_params(cfg)
   flat = flax.traverse_util.flatten_dict(param_shapes(cfg))
   frac = cfg.experts_per_token / cfg.num_experts if cfg.num_experts else 1.0
@@ -91,14 +106,7 @@ def summarize(cfg: ModelConfig, group_size: int = quant.QuantConfig.group_size) 
   total = sum(t for t, _ in comps.values())
   active = sum(a for _, a in comps.values())
   assert total == counts["total"] and active == counts["active"], (counts, total, active)
-  nbytes = {"bf16": 2 * total}
-  for scheme in ("int8", "int4"):
-    qtree = quantized_shapes(cfg, quant.QuantConfig(scheme, group_size))
-    nbytes[scheme] = quant.tree_bytes(qtree)
-  qleaves = [x for x in jax.tree.leaves(qtree, is_leaf=quant.is_quantized) if quant.is_quantized(x)]
-  return {"total": total, "active": active, "components": comps, "bytes": nbytes,
-          "quantized_params": sum(math.prod(x.shape) for x in qleaves),
-          "int4_scales": sum(math.prod(x.scale.shape) for x in qleaves), "group_size": group_size}
+  return comps
 
 
 def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_signal: bool) -> float:
@@ -106,7 +114,7 @@ def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_si
   attention over every key (the masks are dense), and in the decoder the output logits, the
   self-conditioning MLP and, with a signal, the soft embedding softmax(sc) @ table (an encode is
   counted without its logits, as the sampler runs it)."""
-  comps = summarize(cfg)["components"]
+  comps = components(cfg)
   trunk = sum(comps[c][1] for c in ("attention", "dense_mlp", "experts", "router"))
   per_token = 2 * trunk
   if decoder:
