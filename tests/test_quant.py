@@ -20,6 +20,7 @@ from dgemma.sampling import SamplerConfig, generate
 from tests.model_utils import random_params
 
 TINY = ModelConfig.from_config_dict(tiny.get_config())
+TINY_SHAPES = param_shapes(TINY)  # traced once for the module
 
 
 def _numpy_reference(w, axes, qmax, group_size):
@@ -77,14 +78,14 @@ def test_bad_settings_name_the_key():
     quant.QuantConfig("int4", group_size=-1)
   # head_dim 16 is not a multiple of 12: refused before any weight is quantized
   with pytest.raises(ConfigError, match=r"sample.quant_group_size: 12 .*attn/[kqv]_proj"):
-    quant.quantize_params(param_shapes(TINY), quant.QuantConfig("int4", group_size=12))
+    quant.quantize_params(TINY_SHAPES, quant.QuantConfig("int4", group_size=12))
   config = base.get_config()
   config.sample.quantize, config.sample.quant_group_size = "int4", 16
   assert quant.QuantConfig.from_config(config) == quant.QuantConfig("int4", 16, True)
 
 
 def test_what_is_quantized_and_bytes():
-  abstract = jax.eval_shape(lambda p: quant.quantize_params(p, quant.QuantConfig("int4", 16)), param_shapes(TINY))
+  abstract = jax.eval_shape(lambda p: quant.quantize_params(p, quant.QuantConfig("int4", 16)), TINY_SHAPES)
   flat = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(
       abstract, is_leaf=quant.is_quantized)}
   quantized = {k for k, v in flat.items() if quant.is_quantized(v)}
@@ -98,7 +99,7 @@ def test_what_is_quantized_and_bytes():
   e = flat["['blocks']['layer_0']['moe']['experts']['gate_proj']"]  # [L, E, D=64, F]: 4 groups along D
   assert e.scale.shape == (2, 4, 4, 32)
   # int4 bytes: half a byte per quantized weight plus the fp32 scales, everything else unchanged
-  fp32 = quant.tree_bytes(param_shapes(TINY))
+  fp32 = quant.tree_bytes(TINY_SHAPES)
   n_q = sum(int(np.prod(v.shape)) for v in flat.values() if quant.is_quantized(v))
   n_scales = sum(int(np.prod(v.scale.shape)) for v in flat.values() if quant.is_quantized(v))
   assert quant.tree_bytes(abstract) == fp32 - 4 * n_q + n_q // 2 + 4 * n_scales
@@ -144,7 +145,7 @@ def test_logits_on_quantized_weights():
                                             jnp.ones_like(can), return_enc_logits=False)[1])
   params = _smooth_params()
   ref = logits_of(params)
-  deq = lambda qp: jax.tree.map(lambda x: quant.dequantize(x), qp, is_leaf=quant.is_quantized)
+  deq = jax.jit(lambda qp: jax.tree.map(lambda x: quant.dequantize(x), qp, is_leaf=quant.is_quantized))
   q8 = quant.quantize_params(params, quant.QuantConfig("int8"))
   q4 = quant.quantize_params(params, quant.QuantConfig("int4", group_size=16))
   err8 = _rel_err(logits_of(deq(q8)), ref)       # fp32 tree: no extra compile
@@ -155,13 +156,15 @@ def test_logits_on_quantized_weights():
   # (rounding moves it by at most half a step)
   rng = np.random.default_rng(2)
 
-  def perturb(w, qa):
+  def perturb(w, qa, u):
     if not quant.is_quantized(qa):
       return w
     step = quant.dequantize(quant.QArray(jnp.ones(qa.shape, jnp.int8), qa.scale, qa.group_axis))
-    return w + step * jnp.asarray(rng.uniform(-1.0, 1.0, w.shape), w.dtype)
+    return w + step * u
 
-  err_noise = _rel_err(logits_of(jax.tree.map(perturb, params, q4, is_leaf=quant.is_quantized)), ref)
+  uniform = jax.tree.map(lambda w: jnp.asarray(rng.uniform(-1.0, 1.0, w.shape), w.dtype), params)
+  noisy = jax.jit(lambda p, q, u: jax.tree.map(perturb, p, q, u, is_leaf=quant.is_quantized))(params, q4, uniform)
+  err_noise = _rel_err(logits_of(noisy), ref)
   print(f"relative RMS logit error: int8 {err8:.4f}, int4/16 {err4:.4f}, one-step noise {err_noise:.4f}")
   assert err8 < 0.08, err8   # measured 0.040
   assert err8 < err4 < err_noise, (err8, err4, err_noise)
@@ -177,7 +180,7 @@ def test_sampler_on_int8_from_bf16_checkpoint(tmp_path):
   assert cfg.param_dtype == "bfloat16" and cfg.dtype == "float32"
   emb = qparams["embedder"]["embedding"]
   assert emb.q.dtype == jnp.int8 and emb.scale.dtype == jnp.bfloat16 and emb.scale.shape == (TINY.vocab_size, 1)
-  np.testing.assert_allclose(np.asarray(quant.dequantize(emb, jnp.float32)),
+  np.testing.assert_allclose(np.asarray(jax.jit(quant.dequantize, static_argnums=1)(emb, jnp.float32)),
                              np.asarray(params["embedder"]["embedding"]), atol=0.01 * 0.15 * 5)
   # low temperature, no early stop: the argmax canvas is the output
   scfg = SamplerConfig(canvas_len=16, max_denoising_steps=4, t_max=0.05, t_min=0.05, confidence_threshold=0.0,
@@ -192,13 +195,9 @@ def test_sampler_on_int8_from_bf16_checkpoint(tmp_path):
   assert np.asarray(out.num_forwards_B).tolist() == [4, 4]
   tokens = np.asarray(out.tokens_BN)
   assert tokens.shape == (2, 16) and tokens.min() >= 0 and tokens.max() < TINY.vocab_size
-  # the bf16 checkpoint's own weights (quantized leaves as fp32 copies of the bf16 values): agreement is
-  # reported, not asserted: random tiny weights give near-flat logits (RMS 1.2 over 512 tokens), so the
-  # int8 logit error (about 4%, test above) flips argmaxes and the re-noised trajectories drift apart
-  bf16_tree = jax.tree.map(lambda w, qw: jnp.asarray(w, jnp.float32) if quant.is_quantized(qw) else qw,
-                           jax.device_put(bf16), qparams, is_leaf=quant.is_quantized)
-  ref = generate(model, bf16_tree, prompts, lengths, scfg, key, 16)
-  print(f"int8 vs bf16 sampler token agreement (tiny random model): {np.mean(tokens == np.asarray(ref.tokens_BN)):.3f}")
+  # (agreement with the bf16 model's tokens is not asserted: random tiny weights give near-flat logits,
+  # RMS 1.2 over 512 tokens, so the 4% int8 logit error (test above) flips argmaxes and the re-noised
+  # trajectories drift apart; measured once: 0.000 of 32 tokens, i.e. chance level)
 
 
 def test_sample_config_keys_defined():
