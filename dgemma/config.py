@@ -94,6 +94,11 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   unknown_axes = sorted(set(config.mesh.shape.keys()) - {"data", "fsdp", "expert", "tensor"})
   need(not unknown_axes, "mesh.shape", f"unknown mesh axes {unknown_axes}; use data, fsdp, expert, tensor")
   need(sum(1 for v in config.mesh.shape.values() if v == -1) <= 1, "mesh.shape", "at most one axis may be -1")
+  expert_axis = int(config.mesh.shape.get("expert", 1))
+  if model_cfg.moe_impl == "expert_parallel" and model_cfg.num_experts and expert_axis > 0:
+    need(model_cfg.num_experts % expert_axis == 0, "model.num_experts",
+         f"{model_cfg.num_experts} experts do not split over mesh.shape.expert={expert_axis} devices "
+         "(moe_impl='expert_parallel' needs num_experts % expert == 0)")
   return model_cfg
 
 
