@@ -110,6 +110,11 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   need(sum(1 for v in config.mesh.shape.values() if v == -1) <= 1, "mesh.shape", "at most one axis may be -1")
   need(isinstance(config.finetune.save_adapter, bool), "finetune.save_adapter", "must be True or False")
   quant.QuantConfig.from_config(config)  # sample.quantize / quant_group_size
+  expert_axis = int(config.mesh.shape.get("expert", 1))
+  if model_cfg.moe_impl == "expert_parallel" and model_cfg.num_experts and expert_axis > 0:
+    need(model_cfg.num_experts % expert_axis == 0, "model.num_experts",
+         f"{model_cfg.num_experts} experts do not split over mesh.shape.expert={expert_axis} devices "
+         "(moe_impl='expert_parallel' needs num_experts % expert == 0)")
   # LoRA adapters are part of the parameter tree, so the model carries their layout.
   return dataclasses.replace(model_cfg, lora=finetune.lora_config(config.finetune))
 

@@ -58,6 +58,10 @@ def test_moe_impl_is_checked():
   config.model.moe_impl = "expert_paralel"
   with pytest.raises(config_lib.ConfigError, match="model.moe_impl"):
     config_lib.validate(config)
+  config.model.moe_impl = "expert_parallel"
+  config.mesh.shape.expert = 8  # tiny has 4 experts
+  with pytest.raises(config_lib.ConfigError, match="model.num_experts: 4 experts do not split over mesh.shape.expert=8"):
+    config_lib.validate(config)
 
 
 def test_init_distributed_arguments(monkeypatch):

@@ -236,12 +236,14 @@ def test_eight_virtual_devices_match_one_device(tmp_path):
     # Same math, different reduction order across devices: fp32 round-off only.
     np.testing.assert_allclose(train[name]["loss"], train["1dev"]["loss"], rtol=1e-5, err_msg=name)
     np.testing.assert_allclose(train[name]["grad_norm"], train["1dev"]["grad_norm"], rtol=1e-4, err_msg=name)
-    # Gradients: every Adam first moment within 1e-4 of the global gradient scale; params within
-    # 1e-6 absolute (two Adam steps of lr 1e-3 move a weight by ~1e-3 whatever the round-off).
+    # Gradients: every Adam first moment (a mix of both steps' gradients) within 1e-4 of the global
+    # gradient scale (measured <= 1e-5). Params within 0.05 lr: Adam's first updates are ~lr * g / |g|,
+    # so round-off in a near-zero gradient moves a weight by a fraction of lr (measured <= 2.2e-5 =
+    # 0.022 lr; cf. test_grad_accumulation_matches_whole_batch).
     for i, (m, m_ref) in enumerate(zip(leaves(name, "mu"), mu_ref)):
       assert np.linalg.norm(m - m_ref) <= 1e-4 * mu_scale, (name, i)
     for p, p_ref in zip(leaves(name, "params"), params_ref):
-      np.testing.assert_allclose(p, p_ref, atol=1e-6, rtol=0, err_msg=name)
+      np.testing.assert_allclose(p, p_ref, atol=0.05 * 1e-3, rtol=0, err_msg=name)  # tiny_test lr = 1e-3
   # The meshes really split the work: the batch over data x fsdp x expert, the experts over expert
   # (exchanged by all-to-all), expert_mlp over tensor.
   assert train["data_fsdp"]["batch_shard"][0] == 1 and train["expert"]["batch_shard"][0] == 1
