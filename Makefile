@@ -27,7 +27,7 @@ demo: venv data
 	$(PY) -m dgemma.report --workdir=$(DEMO_WORKDIR) --out=$(REPORT)
 
 test: venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 
 bench: venv
 	$(PY) bench/train_throughput.py

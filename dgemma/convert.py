@@ -30,7 +30,8 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"],
 flags.DEFINE_string("model_type", None, "Override config.json's model_type on import.")
 flags.DEFINE_string("hf_base", None, "Export: HF checkpoint to copy vision tensors and config from.")
 flags.DEFINE_string("max_shard_size", "5GB", "Export: largest safetensors shard (e.g. 500MB, 5GB).")
-flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.")
+flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.",
+                  allow_override=True)  # dgemma.tools.merge_lora defines it too
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
           "GIB": 2**30}

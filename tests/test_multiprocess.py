@@ -26,7 +26,7 @@ import numpy as np
 from dgemma import checkpointing, diffusion, trainer
 from dgemma import config as config_lib
 from dgemma.data import pipeline
-from tests.conftest import FAST_COMPILE_XLA_FLAGS
+from tests.conftest import TEST_XLA_FLAGS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def _free_port() -> int:
 def _run_two(cmd_for_process, timeout=900) -> list[str]:
   """Runs the 2 processes of a localhost job (4 CPU devices each, gloo) and returns their stdout."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
-             XLA_FLAGS=FAST_COMPILE_XLA_FLAGS)
+             XLA_FLAGS=TEST_XLA_FLAGS)
   procs = [subprocess.Popen(cmd_for_process(i), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True) for i in range(2)]
   outs = []

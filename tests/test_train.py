@@ -15,7 +15,7 @@ import pytest
 from dgemma import checkpointing, diffusion, trainer
 from dgemma import config as config_lib
 from dgemma.data import pipeline
-from tests.conftest import FAST_COMPILE_XLA_FLAGS
+from tests.conftest import TEST_XLA_FLAGS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -217,7 +217,7 @@ def test_eight_virtual_devices_match_one_device(tmp_path):
   - expert-parallel dispatch with padding equals the dense reference; sharded sampling gives the
     1-device tokens."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_COMPILE_XLA_FLAGS}")
+             XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}")
   out = subprocess.run([sys.executable, "-c", _MULTI_DEVICE_SCRIPT, str(REPO), str(tmp_path)], env=env,
                        capture_output=True, text=True, timeout=600, cwd=REPO)
   assert out.returncode == 0, out.stderr[-4000:]

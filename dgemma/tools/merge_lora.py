@@ -23,14 +23,11 @@ from dgemma import checkpoint_io, finetune, trainer
 from dgemma.model import lora
 
 FLAGS = flags.FLAGS
-
-
-def _define_flags() -> None:
-  """CLI flags, defined only when run as a program (dgemma.convert has an --overwrite flag too)."""
-  flags.DEFINE_string("base", None, "Base dgemma params checkpoint (default: the adapter's recorded base).")
-  flags.DEFINE_string("adapter", None, "Adapter checkpoint written by training (WORKDIR/adapter).")
-  flags.DEFINE_string("out", None, "Merged params checkpoint directory to write.")
-  flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.")
+flags.DEFINE_string("base", None, "Base dgemma params checkpoint (default: the adapter's recorded base).")
+flags.DEFINE_string("adapter", None, "Adapter checkpoint written by training (WORKDIR/adapter).")
+flags.DEFINE_string("out", None, "Merged params checkpoint directory to write.")
+# dgemma.convert defines the same flag (same meaning): both allow the other's definition.
+flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.", allow_override=True)
 
 
 def merge_checkpoints(adapter_dir: str, out_dir: str, base_dir: str | None = None, *, overwrite: bool = False) -> dict:
@@ -69,5 +66,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _define_flags()
   app.run(main)
