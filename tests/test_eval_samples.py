@@ -113,3 +113,34 @@ def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus
       ablate.check_ablation(bad)
   from configs.ablations import steps_quality
   assert len(ablate.check_ablation(steps_quality.get_config())) == 10
+
+
+def test_ablation_runner_trains_settings_that_change_the_run(tiny_config, tmp_path, corpus_file):
+  """A setting that changes training keys gets its own run in out_dir/runs/<name> (train.py semantics),
+  and the metric is evaluated on that run; re-running reuses the finished run."""
+  import ml_collections
+  from dgemma import checkpointing
+  seen = []
+
+  def fake_metric(ckpt, config):
+    seen.append((ckpt.path, int(config.train.num_steps)))
+    return {"steps_trained": int(config.train.num_steps)}
+
+  ablate.register_metric("fake_trained_for_test", fake_metric)
+  out = tmp_path / "out"
+  ablation = ml_collections.ConfigDict(dict(
+      base="configs/tiny_test.py", checkpoint="", metric="fake_trained_for_test", out_dir=str(out),
+      overrides=(("data.source", "files"), ("data.files", (str(corpus_file),)),
+                 ("data.cache_dir", tiny_config.data.cache_dir), ("train.async_checkpointing", False)),
+      # tiny_test's own 6 steps (the program test_train compiles too); the key alone makes it a training setting
+      settings=(("six_steps", "trained", (("train.num_steps", 6),)),),
+      plots=()))
+  rows = ablate.run_ablation(ablation, log=lambda *_: None)
+  run_dir = out / "runs" / "six_steps"
+  assert seen == [(str(run_dir), 6)] and rows[0]["steps_trained"] == 6
+  assert checkpointing.make_manager(run_dir, read_only=True).latest_step() == 6
+  assert json.loads((run_dir / "config.json").read_text())["train"]["num_steps"] == 6
+  before = sorted(p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*") if p.is_file())
+  ablate.run_ablation(ablation, log=lambda *_: None)  # finished: resumed at its last step, nothing retrained
+  assert sorted(p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*") if p.is_file()) == before
+  assert not (out / "runs" / "base").exists()  # no setting needed the base checkpoint
