@@ -125,3 +125,17 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]
     with node.ignore_type():
       node[leaf] = tuple(value) if isinstance(value, list) else value
   return out
+
+
+def cli_config(config: Optional[ml_collections.ConfigDict], checkpoint: str,
+               eval_flags: dict[str, Any]) -> Optional[ml_collections.ConfigDict]:
+  """The config an eval CLI runs with: --config (or, when any `eval.*` flag is given, the checkpoint's run
+  config) with those flags (absl FlagHolders by eval key) written into `eval`; None = the run's own."""
+  if config is None and any(f.value is not None for f in eval_flags.values()):
+    config = resolve_config(checkpoint)
+  if config is not None:
+    config = ml_collections.ConfigDict(config.to_dict())
+    for name, flag in eval_flags.items():
+      if flag.value is not None:
+        config.eval[name] = flag.value
+  return config

@@ -248,16 +248,8 @@ def main(argv):
   from absl import app
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  config = _CONFIG.value
   try:
-    if config is None and any(f.value is not None for f in _FLAGS.values()):
-      config = checkpoints.resolve_config(_CHECKPOINT.value)
-    if config is not None:
-      config = ml_collections.ConfigDict(config.to_dict())
-      for name, flag in _FLAGS.items():
-        if flag.value is not None:
-          config.eval[name] = flag.value
-    run(_CHECKPOINT.value, config, step=_STEP.value)
+    run(_CHECKPOINT.value, checkpoints.cli_config(_CONFIG.value, _CHECKPOINT.value, _FLAGS), step=_STEP.value)
   except (ConfigError, FileNotFoundError) as e:
     sys.exit(f"eval.samples: {e}")
 

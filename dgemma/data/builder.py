@@ -26,7 +26,7 @@ from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
 
-from dgemma.data import sft, shakespeare
+from dgemma.data import jsonl, sft, shakespeare
 from dgemma.model.config import ConfigError
 
 SOURCES = ("shakespeare", "files", "tfds", "sudoku")  # sudoku: dgemma/data/sudoku.py (fixed rows)
@@ -135,24 +135,16 @@ def iter_file_documents(path: str | os.PathLike[str], txt_mode: str = "line",
       count += 1
       yield doc
   elif path.suffix == ".jsonl":
-    with open(path, encoding="utf-8") as f:
-      for line_number, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        where = f"data.files: {path} line {line_number}"
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{where}: not valid JSON ({e})") from e
-        if not isinstance(record, dict) or jsonl_field not in record:
-          raise ValueError(f"{where}: no field {jsonl_field!r} (data.jsonl_field)")
-        doc = record[jsonl_field]
-        if not isinstance(doc, str):
-          raise ValueError(f"{where}: field {jsonl_field!r} (data.jsonl_field) is "
-                           f"{type(doc).__name__}, not a string")
-        if doc.strip():
-          count += 1
-          yield doc
+    for where, record in jsonl.records(path):
+      if not isinstance(record, dict) or jsonl_field not in record:
+        raise ValueError(f"{where}: no field {jsonl_field!r} (data.jsonl_field)")
+      doc = record[jsonl_field]
+      if not isinstance(doc, str):
+        raise ValueError(f"{where}: field {jsonl_field!r} (data.jsonl_field) is "
+                         f"{type(doc).__name__}, not a string")
+      if doc.strip():
+        count += 1
+        yield doc
   else:
     raise ValueError(f"data.files: {path} has unsupported extension {path.suffix!r} "
                      f"(use {' or '.join(EXTENSIONS)})")

@@ -41,6 +41,7 @@ from typing import Iterator
 import numpy as np
 
 from dgemma import tokenizers
+from dgemma.data import jsonl
 
 TURN_START, TURN_END = "<|turn>", "<turn|>"
 MODEL_ROLE = "model"
@@ -54,30 +55,22 @@ def iter_jsonl_examples(path: str | Path, prompt_field: str, response_field: str
   if path.suffix != ".jsonl":
     raise ValueError(f"data.files: {path} is not a .jsonl file (data.format='sft' reads .jsonl records)")
   count = 0
-  with open(path, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"data.files: {path} line {line_number}"
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e})") from e
-      if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected a JSON object")
-      if messages_field in record:
-        turns = _chat_turns(record[messages_field], f"{where}: field {messages_field!r} (data.messages_field)")
-        response = turns.pop()[1]
-      elif prompt_field in record and response_field in record:
-        for field, key in ((prompt_field, "data.prompt_field"), (response_field, "data.response_field")):
-          if not isinstance(record[field], str):
-            raise ValueError(f"{where}: field {field!r} ({key}) is {type(record[field]).__name__}, not a string")
-        turns, response = [["user", record[prompt_field]]], record[response_field]
-      else:
-        raise ValueError(f"{where}: needs fields {prompt_field!r} and {response_field!r} (data.prompt_field, "
-                         f"data.response_field) or {messages_field!r} (data.messages_field)")
-      count += 1
-      yield json.dumps({"turns": turns, "response": response}, ensure_ascii=False)
+  for where, record in jsonl.records(path):
+    if not isinstance(record, dict):
+      raise ValueError(f"{where}: expected a JSON object")
+    if messages_field in record:
+      turns = _chat_turns(record[messages_field], f"{where}: field {messages_field!r} (data.messages_field)")
+      response = turns.pop()[1]
+    elif prompt_field in record and response_field in record:
+      for field, key in ((prompt_field, "data.prompt_field"), (response_field, "data.response_field")):
+        if not isinstance(record[field], str):
+          raise ValueError(f"{where}: field {field!r} ({key}) is {type(record[field]).__name__}, not a string")
+      turns, response = [["user", record[prompt_field]]], record[response_field]
+    else:
+      raise ValueError(f"{where}: needs fields {prompt_field!r} and {response_field!r} (data.prompt_field, "
+                       f"data.response_field) or {messages_field!r} (data.messages_field)")
+    count += 1
+    yield json.dumps({"turns": turns, "response": response}, ensure_ascii=False)
   if count == 0:
     raise ValueError(f"data.files: {path} has no records")
 
