@@ -29,9 +29,12 @@ demo: venv data
 test: venv
 	$(PY) -m pytest -q -n 2 tests
 
-bench: venv
-	$(PY) bench/train_throughput.py
-	$(PY) bench/sampler_step.py
+bench: venv  # the CPU benchmarks of docs/benchmarks.md (bench/gpu_full_model.py needs a GPU)
+	$(PY) bench/train_throughput.py --config=configs/demo.py
+	$(PY) bench/model_forward.py
+	$(PY) bench/moe.py
+	$(PY) bench/sampler_vs_hf.py
+	$(PY) bench/memory_check.py
 
 clean:
 	rm -rf $(DEMO_WORKDIR) $(REPORT)
