@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.sampling import SamplerConfig, generate
 from dgemma.tools import params as params_tool
+from bench.timing import median_seconds
 
 
 def model_config(preset: str, moe_impl: str = "ragged") -> ModelConfig:
@@ -70,17 +70,6 @@ def random_params_on_device(cfg: ModelConfig, device, seed: int = 0):
 
   sharding = jax.sharding.SingleDeviceSharding(device)
   return jax.jit(init, out_shardings=sharding)(jax.random.key(seed))
-
-
-def median_seconds(fn, reps: int) -> float:
-  """Median wall time of fn() (blocked until ready) over `reps` calls, after one warm-up call."""
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
 
 
 def matmul_flops_per_s(n: int, dtype, device, reps: int = 10) -> float:

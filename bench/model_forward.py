@@ -11,7 +11,6 @@ fraction of that matmul rate says how close a pass is to the machine's practical
 """
 
 import dataclasses
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from ml_collections import config_flags
 
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.tools import params as params_tool
+from bench.timing import median_seconds
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/models/small.py", "Model preset (or experiment config).")
 _CANVAS = flags.DEFINE_integer("canvas", 256, "Canvas tokens.")
@@ -45,21 +45,10 @@ def random_params(cfg: ModelConfig, seed: int = 0):
   return jax.tree_util.tree_map_with_path(fill, param_shapes(cfg))
 
 
-def time_call(fn, reps: int) -> float:
-  """Median seconds per call of a warmed-up fn()."""
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
-
-
 def matmul_gflops(n: int = 2048, reps: int = 10) -> float:
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
   f = jax.jit(lambda x: x @ x)
-  return 2 * n**3 / time_call(lambda: f(a), reps) / 1e9
+  return 2 * n**3 / median_seconds(lambda: f(a), reps) / 1e9
 
 
 def xla_flops(jitted, *args) -> float:
@@ -128,7 +117,7 @@ def main(argv):
 
   reps = _REPS.value
   peak = matmul_gflops()
-  times = [time_call(call, reps) for *_, call in fns]
+  times = [median_seconds(call, reps) for *_, call in fns]
   peak2 = matmul_gflops()  # again after: the machine is shared, bracket the measurement
   peak = (peak + peak2) / 2
   counts = params_tool.summarize(base)
