@@ -49,6 +49,7 @@ import ml_collections
 from dgemma import checkpointing, report
 from dgemma import config as config_lib
 from dgemma.model.config import ConfigError
+from dgemma.sampling import SamplerConfig
 from eval import checkpoints
 
 MetricFn = Callable[[checkpoints.Checkpoint, ml_collections.ConfigDict], dict]
@@ -131,7 +132,13 @@ def check_ablation(ablation: ml_collections.ConfigDict) -> list[tuple[str, str, 
   metric_fn(str(ablation.metric))
   base = checkpoints.apply_overrides(load_config_file(ablation.base), as_overrides(ablation.overrides, "overrides"))
   for name, _, overrides in settings:
-    config_lib.validate(checkpoints.apply_overrides(base, overrides))
+    config = checkpoints.apply_overrides(base, overrides)
+    config_lib.validate(config)
+    if config.diffusion.objective != "ar":  # e.g. an 'mdlm' setting without sample.sampler='masked'
+      try:
+        SamplerConfig.from_config(config)
+      except (ConfigError, ValueError) as e:
+        raise ConfigError(f"settings {name!r}: {e}") from e
   for x, y, png in ablation.plots:
     if not str(png).endswith(".png"):
       raise ConfigError(f"plots: {png!r} must be a .png file name")

@@ -51,7 +51,7 @@ from dgemma import checkpointing, objectives
 from dgemma.data import builder as builder_lib
 from dgemma.data import pipeline as data_pipeline
 from dgemma.diffusion import DiffusionLossConfig, corrupt_rows, split_context_canvas
-from dgemma.model import ModelConfig, Transformer, init_cache
+from dgemma.model import ModelConfig, Transformer, init_cache, sharding
 from dgemma.model.config import ConfigError
 from eval import checkpoints
 
@@ -214,7 +214,7 @@ def canvas_estimate(integrand_BM: np.ndarray, recon_B: np.ndarray, t_eps: float)
   return (1.0 - t_eps) * np.mean(integrand_BM, axis=-1) + recon_B
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "loss_cfg", "num_t", "self_conditioning"))
+@functools.partial(sharding.jit_with_axis_rules, static_argnames=("model_cfg", "loss_cfg", "num_t", "self_conditioning"))
 def _diffusion_batch(params, rows, doc_B, canvas_B, seed, *, model_cfg: ModelConfig, loss_cfg: DiffusionLossConfig,
                      num_t: int, self_conditioning: bool):
   model = Transformer(model_cfg)
@@ -238,7 +238,7 @@ def _diffusion_batch(params, rows, doc_B, canvas_B, seed, *, model_cfg: ModelCon
                             loss_cfg=loss_cfg, vocab_size=model_cfg.vocab_size)
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg",))
+@functools.partial(sharding.jit_with_axis_rules, static_argnames=("model_cfg",))
 def causal_nll(params, rows, target_weights_BL, *, model_cfg: ModelConfig):
   """Exact NLL (nats) per row of the tokens at positions j >= 1 with target_weights_BL[:, j] != 0, each
   predicted by the causal encoder from everything before it in the row (AR checkpoints, and the

@@ -5,6 +5,7 @@
   python -m eval.sudoku --checkpoint=workdirs/sudoku_ar --puzzles=data/sudoku/test.csv     # AR baseline (greedy)
   # any sampler setting of configs/base.py's `sample` group, e.g. fewer denoising steps:
   python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --set=max_denoising_steps=16
+  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --set=quantize=int8  # int8 / int4 weights
 
 The run's own config.json gives the model and data settings. Diffusion runs decode each puzzle with
 `dgemma.sampling.generate` (the released entropy-bound sampler with re-noising of non-accepted cells by
@@ -32,10 +33,10 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from dgemma import checkpointing, tokenizers, trainer
+from dgemma import checkpointing, quant, tokenizers, trainer
 from dgemma import config as config_lib
 from dgemma.data import sudoku
-from dgemma.model import Transformer
+from dgemma.model import ModelConfig, Transformer
 from dgemma.model.config import ConfigError
 from dgemma.sampling import SamplerConfig, ar_generate, check_request, generate
 
@@ -96,6 +97,7 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
   """
   tokenizer = tokenizers.ByteTokenizer()
   model = Transformer(model_cfg)
+  params = quant.quantize_params(params, quant.QuantConfig.from_config(config))  # sample.quantize ('none': as is)
   is_ar = config.diffusion.objective == "ar"
   sampler_cfg = None if is_ar else SamplerConfig.from_config(config)
   seed = int(config.sample.seed if seed is None else seed)
@@ -139,6 +141,7 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
   config_lib.validate(config)
   if config.diffusion.objective != "ar":
     SamplerConfig.from_config(config)  # bad sampler settings fail before loading anything
+  quant.check(ModelConfig.from_config_dict(config.model), quant.QuantConfig.from_config(config))
   rows = sudoku.read_csv(puzzles_csv)
   if limit > 0:
     rows = rows[:limit]
@@ -148,6 +151,8 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
   seconds = time.perf_counter() - start
   metrics, records = score([p for p, _ in rows], [s for _, s in rows], predictions)
   variant = "ar_greedy" if config.diffusion.objective == "ar" else f"{config.sample.sampler}_renoise_{config.sample.renoise}"
+  if config.sample.quantize != "none":
+    variant += f"_{config.sample.quantize}"
   metrics.update(variant=variant, checkpoint=str(checkpoint), step=int(step), puzzles=str(puzzles_csv),
                  seconds=round(seconds, 2), sample_overrides=dict(overrides or {}))
   out = Path(predictions_path or Path(checkpoint) / f"sudoku_predictions_{variant}.jsonl")

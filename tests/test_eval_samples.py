@@ -111,8 +111,19 @@ def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus
       bad[field] = value
     with pytest.raises(ConfigError, match=match):
       ablate.check_ablation(bad)
-  from configs.ablations import steps_quality
+  # a setting whose sampler does not fit its objective fails here, not after its training run
+  bad = ml_collections.ConfigDict(ablation.to_dict())
+  with bad.ignore_type():
+    bad.settings = (("masked", "noise", (("diffusion.objective", "mdlm"),)),)
+  with pytest.raises(ConfigError, match="settings 'masked'.*sample.sampler"):
+    ablate.check_ablation(bad)
+  # the shipped sweeps are valid
+  from configs.ablations import renoise_sudoku, steps_quality, training_choices
   assert len(ablate.check_ablation(steps_quality.get_config())) == 10
+  assert len(ablate.check_ablation(renoise_sudoku.get_config())) == 9
+  choices = ablate.check_ablation(training_choices.get_config())
+  assert [name for name, _, overrides in choices if ablate._needs_training(overrides)] == [
+      "reweighted_ce", "nelbo", "masked_mdlm", "no_self_cond"]
 
 
 def test_ablation_runner_trains_settings_that_change_the_run(tiny_config, tmp_path, corpus_file):

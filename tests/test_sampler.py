@@ -109,6 +109,29 @@ def test_cut_after_end():
 # ---- config ----------------------------------------------------------------------------------------
 
 
+def test_automatic_end_ids_come_from_the_tokenizer_file(tmp_path):
+  """kind='file': EOS and `<turn|>` are read from the SentencePiece file, so a foreign model (EOS at 2, an
+  ordinary piece at 106) does not stop at 106; a Gemma-like file stops at its EOS and its <turn|>."""
+  import sentencepiece as spm
+  from configs import base
+  lines = [f"user {i} says hello to the model and the model answers {i * 7}" for i in range(200)]
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "foreign"),
+                                 vocab_size=150, pad_id=3, hard_vocab_limit=False, minloglevel=2)  # unk 0 bos 1 eos 2
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "gemma_like"),
+                                 vocab_size=150, pad_id=0, eos_id=1, bos_id=2, unk_id=3, hard_vocab_limit=False,
+                                 control_symbols=["<|turn>", "<turn|>"], minloglevel=2)
+  config = base.get_config()
+  config.data.tokenizer.kind = "file"
+  config.model.vocab_size = 256
+  config.data.tokenizer.path = str(tmp_path / "foreign.model")
+  foreign = spm.SentencePieceProcessor(model_file=config.data.tokenizer.path)
+  assert foreign.eos_id() == 2 and foreign.id_to_piece(106) not in ("<turn|>", "</s>")
+  assert SamplerConfig.from_config(config).end_ids == (2,)
+  config.data.tokenizer.path = str(tmp_path / "gemma_like.model")
+  assert SamplerConfig.from_config(config).end_ids == (1, spm.SentencePieceProcessor(
+      model_file=config.data.tokenizer.path).piece_to_id("<turn|>"))
+
+
 def test_sampler_config_from_config_and_validation():
   from configs import base, tiny_test
   config = base.get_config()
@@ -119,7 +142,7 @@ def test_sampler_config_from_config_and_validation():
     assert getattr(cfg, name) == getattr(released, name), name
   assert cfg.end_ids == (1,)                       # trained SentencePiece: no <turn|> piece
   config.data.tokenizer.kind = "file"
-  assert SamplerConfig.from_config(config).end_ids == (1, 106)
+  assert SamplerConfig.from_config(config).end_ids == (1, 106)  # no file yet: Gemma 4's ids
   tiny = tiny_test.get_config()                     # byte tokenizer: id 106 is the letter 'f'
   assert SamplerConfig.from_config(tiny).end_ids == (1,)
   assert SamplerConfig.from_config(tiny).canvas_len == tiny.diffusion.canvas_len

@@ -81,3 +81,31 @@ def test_init_distributed_arguments(monkeypatch):
   assert calls[-1] == dict(coordinator_address="host0:99", num_processes=4, process_id=3)
   assert trainer.init_distributed(process_id=1) and calls[-1]["process_id"] == 1  # a flag beats the variable
   assert trainer.init_distributed(num_processes=0) and calls[-1] == {}  # cluster auto-detection
+
+
+def test_module_level_jits_are_keyed_on_the_logical_axis_rules():
+  """A function jitted once at import (the sampler, AR decoding, likelihood) is traced again when the
+  flax logical axis rules change: jax's own cache key holds the mesh but not the rules, so a program
+  traced without rules would otherwise run, unconstrained, under rules on the same mesh."""
+  import flax.linen as nn
+  import jax.numpy as jnp
+  import numpy as np
+  from dgemma.model import sharding
+
+  traced_rules = []
+
+  def double(x):
+    traced_rules.append(sharding.current_axis_rules())
+    return sharding.constrain(x, ("batch", None)) * 2
+
+  jitted = sharding.jit_with_axis_rules(double)
+  mesh = jax.make_mesh((1,), ("data",))
+  x = jnp.ones((2, 3))
+  with jax.set_mesh(mesh):
+    np.testing.assert_array_equal(jitted(x), 2 * x)
+    np.testing.assert_array_equal(jitted(x), 2 * x)      # cached: no second trace
+    with nn.logical_axis_rules((("batch", "data"),)):
+      np.testing.assert_array_equal(jitted(x), 2 * x)    # new rules: traced again, under those rules
+      jitted(x)
+    jitted(x)                                            # back without rules: the first program again
+  assert traced_rules == [(), (("batch", "data"),)]

@@ -221,7 +221,8 @@ def _slow_metrics(records):
   return dict(solve_rate=solved / n, cell_accuracy=correct / (81 * n), blank_accuracy=blank_correct / blank_total)
 
 
-def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path):
+def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
+  import jax
   import jax.numpy as jnp
   from dgemma import checkpointing, trainer
   from tests.model_utils import random_params
@@ -274,3 +275,23 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path):
     eval_sudoku.evaluate(str(workdir), str(puzzles_csv), overrides={"renoise": "sometimes"})
   with pytest.raises(ConfigError, match="sample.not_a_setting: unknown"):
     eval_sudoku.evaluate(str(workdir), str(puzzles_csv), overrides={"not_a_setting": 1})
+  with pytest.raises(ConfigError, match="sample.quant_group_size"):  # 7 does not divide d_model: before loading
+    eval_sudoku.evaluate(str(workdir), str(puzzles_csv), overrides={"quantize": "int4", "quant_group_size": 7})
+
+  # sample.quantize: the puzzles are solved with int8 weights, written as their own variant.
+  from dgemma import quant
+  schemes = []
+  real_quantize = quant.quantize_params
+
+  def spy(params, qcfg):
+    schemes.append(qcfg.scheme)
+    out = real_quantize(params, qcfg)
+    schemes.append(any(quant.is_quantized(x) for x in jax.tree.leaves(out, is_leaf=quant.is_quantized)))
+    return out
+
+  monkeypatch.setattr(quant, "quantize_params", spy)
+  q_metrics = eval_sudoku.evaluate(str(workdir), str(puzzles_csv), overrides={"quantize": "int8"}, batch_size=2,
+                                   print_fn=lambda *_: None)
+  assert schemes == ["int8", True]
+  assert q_metrics["variant"] == "released_renoise_non_accepted_int8" and q_metrics["num_puzzles"] == 2
+  assert (workdir / "sudoku_predictions_released_renoise_non_accepted_int8.metrics.json").is_file()

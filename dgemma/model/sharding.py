@@ -9,8 +9,9 @@ the tests of single modules) every helper here is a no-op, so the same model cod
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -37,6 +38,31 @@ def context_mesh():
   """The mesh installed with `jax.set_mesh` (an AbstractMesh inside jit), or None when there is none."""
   mesh = jax.sharding.get_abstract_mesh()
   return None if mesh.empty else mesh
+
+
+def current_axis_rules() -> tuple:
+  """flax's logical axis rules in this context as a hashable tuple (() when none are installed)."""
+  return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in nn.get_logical_axis_rules())
+
+
+def jit_with_axis_rules(fn: Callable, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = ()):
+  """`jax.jit(fn)` whose compilation cache is keyed on flax's logical axis rules too.
+
+  jax keys its cache on the arguments and the context mesh, but `constrain` and expert parallelism read
+  the rules installed with `nn.logical_axis_rules` at trace time: a module-level jitted function first
+  traced without rules would be reused, without any constraint, under rules on the same mesh. Here the
+  caller's rules become a static argument and are re-installed around the trace."""
+  def with_rules(rules, *args, **kwargs):
+    with nn.logical_axis_rules(rules):
+      return fn(*args, **kwargs)
+
+  jitted = jax.jit(with_rules, static_argnums=(0, *(i + 1 for i in static_argnums)),
+                   static_argnames=tuple(static_argnames))
+
+  @functools.wraps(fn)
+  def call(*args, **kwargs):
+    return jitted(current_axis_rules(), *args, **kwargs)
+  return call
 
 
 def logical_to_mesh_axes(logical_axes: Sequence[str | None]) -> P | None:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from dgemma.model import init_cache
+from dgemma.model import init_cache, sharding
 from dgemma.sampling.noise import row_keys
 
 
@@ -82,7 +82,7 @@ def _ar_impl(model, max_new_tokens: int, temperature: float, pad_id: int, params
   return state.tokens_BN, state.lengths_B
 
 
-_ar_jit = jax.jit(_ar_impl, static_argnums=(0, 1, 2, 3))
+_ar_jit = sharding.jit_with_axis_rules(_ar_impl, static_argnums=(0, 1, 2, 3))
 
 
 def ar_generate(model, params, prompts_BP, lengths_B, rng, max_new_tokens: int, temperature: float = 0.0,

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from dgemma.model import init_cache
+from dgemma.model import init_cache, sharding
 from dgemma.model.config import ConfigError
 from dgemma.sampling import live
 from dgemma.sampling.noise import as_noise
@@ -228,7 +228,7 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
                         num_forwards_B=state.num_forwards_B, tokens_per_forward_B=tpf_B, trajectory=state.traj)
 
 
-_generate_jit = jax.jit(_generate_impl, static_argnums=(0, 1, 2, 3))
+_generate_jit = sharding.jit_with_axis_rules(_generate_impl, static_argnums=(0, 1, 2, 3))
 
 
 def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: SamplerConfig, rng,

@@ -41,6 +41,8 @@ Two loop forms with identical results: `lax.scan` over all steps (finished rows 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 from typing import Any, Callable, Optional
 
 import jax
@@ -54,6 +56,29 @@ from dgemma.sampling import live
 PAD_ID = 0
 EOS_ID = 1
 END_OF_TURN_ID = 106  # `<turn|>` in the Gemma 4 vocabulary only
+
+
+def file_tokenizer_end_ids(path: str) -> tuple[int, ...]:
+  """Automatic end ids of a SentencePiece tokenizer file: its EOS, plus its `<turn|>` piece when it has
+  one (Gemma 4: (1, 106)). Without a readable file (e.g. sampling a converted checkpoint before the
+  tokenizer is in place), Gemma 4's (1, 106)."""
+  if not path or not os.path.isfile(path):
+    return (EOS_ID, END_OF_TURN_ID)
+  return _end_ids_of_file(path, os.stat(path).st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _end_ids_of_file(path: str, mtime_ns: int) -> tuple[int, ...]:
+  from dgemma import tokenizers
+  from dgemma.data import sft
+  try:
+    tokenizer = tokenizers.SentencePieceTokenizer(path)
+  except ValueError as e:
+    raise ConfigError(f"data.tokenizer.path: {e}") from e
+  turn_end = tokenizer.piece_id(sft.TURN_END)
+  return (tokenizer.eos_id,) + (() if turn_end is None or turn_end == tokenizer.eos_id else (turn_end,))
+
+
 CONTEXT_LEN = 262_144  # DiffusionGemma's context in positions (reference doc, architecture table)
 
 SAMPLERS = ("released", "ancestral", "masked")
@@ -176,7 +201,9 @@ class SamplerConfig:
 
     `sample.end_ids = ()` means automatic: EOS, plus `<turn|>` (106) only for a tokenizer file
     (the Gemma 4 vocabulary) -- with the byte tokenizer id 106 is the letter 'f', and a
-    SentencePiece model trained here has only 4 special pieces. Ids outside the vocabulary are
+    SentencePiece model trained here has only 4 special pieces. For a tokenizer file the ids are
+    read from the file when it exists (its EOS, and its `<turn|>` piece if it has one: a foreign
+    SentencePiece model may put EOS at 2 and an ordinary piece at 106). Ids outside the vocabulary are
     dropped. `sample.max_context = 0` means DiffusionGemma's 262,144 positions.
 
     The sampler must match the training objective (`diffusion.objective`): 'mdlm' models are sampled
@@ -196,7 +223,7 @@ class SamplerConfig:
     end_ids = tuple(int(i) for i in s.end_ids)
     if not end_ids:
       kind = config.data.tokenizer.kind if "data" in config else "file"
-      end_ids = (EOS_ID, END_OF_TURN_ID) if kind == "file" else (EOS_ID,)
+      end_ids = file_tokenizer_end_ids(str(config.data.tokenizer.get("path", ""))) if kind == "file" else (EOS_ID,)
     end_ids = tuple(i for i in end_ids if i < vocab)
     fields = {f.name for f in dataclasses.fields(cls)} - {"canvas_len", "end_ids", "pad_id", "mask_id",
                                                             "loo_logits"}
