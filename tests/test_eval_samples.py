@@ -114,7 +114,8 @@ def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus
   # a setting whose sampler does not fit its objective fails here, not after its training run
   bad = ml_collections.ConfigDict(ablation.to_dict())
   with bad.ignore_type():
-    bad.settings = (("masked", "noise", (("diffusion.objective", "mdlm"),)),)
+    bad.settings = (("masked", "noise", (("diffusion.objective", "mdlm"), ("diffusion.mask_id", 260),
+                                         ("model.vocab_size", 264))),)
   with pytest.raises(ConfigError, match="settings 'masked'.*sample.sampler"):
     ablate.check_ablation(bad)
   # the shipped sweeps are valid

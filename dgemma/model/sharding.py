@@ -56,6 +56,8 @@ def jit_with_axis_rules(fn: Callable, *, static_argnums: Sequence[int] = (), sta
     with nn.logical_axis_rules(rules):
       return fn(*args, **kwargs)
 
+  # the jitted program keeps fn's name (compile logs, profiles); not functools.wraps: the signature differs
+  with_rules.__name__, with_rules.__qualname__ = fn.__name__, fn.__qualname__
   jitted = jax.jit(with_rules, static_argnums=(0, *(i + 1 for i in static_argnums)),
                    static_argnames=tuple(static_argnames))
 
