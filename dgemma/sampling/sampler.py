@@ -60,7 +60,7 @@ END_OF_TURN_ID = 106  # `<turn|>` in the Gemma 4 vocabulary only
 
 def file_tokenizer_end_ids(path: str) -> tuple[int, ...]:
   """Automatic end ids of a SentencePiece tokenizer file: its EOS, plus its `<turn|>` piece when it has
-  one (Gemma 4: (1, 106)). Without a readable file (e.g. sampling a converted checkpoint before the
+  Gemma's chat pieces (`dgemma.data.sft.end_id`, the end SFT trains on; Gemma 4: (1, 106)). Without a readable file (e.g. sampling a converted checkpoint before the
   tokenizer is in place), Gemma 4's (1, 106)."""
   if not path or not os.path.isfile(path):
     return (EOS_ID, END_OF_TURN_ID)
@@ -72,11 +72,11 @@ def _end_ids_of_file(path: str, mtime_ns: int) -> tuple[int, ...]:
   from dgemma import tokenizers
   from dgemma.data import sft
   try:
-    tokenizer = tokenizers.SentencePieceTokenizer(path)
+    tokenizer = tokenizers.load_tokenizer_file(path)
   except ValueError as e:
     raise ConfigError(f"data.tokenizer.path: {e}") from e
-  turn_end = tokenizer.piece_id(sft.TURN_END)
-  return (tokenizer.eos_id,) + (() if turn_end is None or turn_end == tokenizer.eos_id else (turn_end,))
+  # EOS, and the token SFT training ends a response with (`<turn|>` with Gemma's chat pieces, else EOS)
+  return tuple(dict.fromkeys((tokenizer.eos_id, sft.end_id(tokenizer))))
 
 
 CONTEXT_LEN = 262_144  # DiffusionGemma's context in positions (reference doc, architecture table)
