@@ -37,7 +37,7 @@ from dgemma.tools import params as params_tool
 from bench.timing import median_seconds
 
 
-def model_config(preset: str, moe_impl: str = "ragged") -> ModelConfig:
+def model_config(preset: str, moe_impl: str = "ragged", capacity_factor: float | None = None) -> ModelConfig:
   """'full': ModelConfig's defaults, which are the released 26B-A4B trunk, in bf16 (tests check it
   equals configs/models/diffusiongemma_26b_a4b.py); 'tiny': the test preset in bf16."""
   if preset == "full":
@@ -48,7 +48,8 @@ def model_config(preset: str, moe_impl: str = "ragged") -> ModelConfig:
                               param_dtype="bfloat16")
   else:
     raise ValueError(f"--preset: {preset!r} not in ('full', 'tiny')")
-  return dataclasses.replace(cfg, moe_impl=moe_impl)
+  cfg = dataclasses.replace(cfg, moe_impl=moe_impl)
+  return cfg if capacity_factor is None else dataclasses.replace(cfg, moe_capacity_factor=capacity_factor)
 
 
 def random_params_on_device(cfg: ModelConfig, device, seed: int = 0):
@@ -87,15 +88,23 @@ def matmul_flops_per_s(n: int, dtype, device, reps: int = 10) -> float:
 
 
 def run(preset: str = "full", prompt_len: int = 1024, canvas: int = 256, steps: tuple[int, ...] = (16, 48),
-        reps: int = 3, moe_impl: str = "ragged", matmul_n: int = 8192, seed: int = 0) -> dict:
-  """Builds, times and returns the figures (a dict; `main` prints them)."""
+        reps: int = 3, moe_impl: str = "ragged", matmul_n: int = 8192, seed: int = 0,
+        capacity_factor: float | None = None, progress: bool = False) -> dict:
+  """Builds, times and returns the figures (a dict; `main` prints them). progress=True also prints each
+  figure as soon as it is measured, so a run stopped by a time limit still leaves its partial figures."""
   t_start = time.perf_counter()
+
+  def note(msg):
+    if progress:
+      print(f"[{time.perf_counter() - t_start:6.1f} s] {msg}", flush=True)
+
   steps = tuple(sorted(set(int(s) for s in steps)))
-  cfg = model_config(preset, moe_impl)
+  cfg = model_config(preset, moe_impl, capacity_factor)
   device = jax.devices()[0]
   t0 = time.perf_counter()
   params = jax.block_until_ready(random_params_on_device(cfg, device, seed))
   init_s = time.perf_counter() - t0
+  note(f"random weights made on {device} in {init_s:.1f} s ({cfg.moe_impl} MoE)")
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   model = Transformer(cfg)
   g = np.random.default_rng(seed)
@@ -112,6 +121,22 @@ def run(preset: str = "full", prompt_len: int = 1024, canvas: int = 256, steps: 
     return cache
 
   t_encode = median_seconds(lambda: encode(params, prompt_1P), reps)
+  note(f"prompt encode {t_encode * 1e3:.1f} ms")
+  cache = encode(params, prompt_1P)
+  canvas_1C = jax.device_put(np.asarray(g.integers(2, cfg.vocab_size, (1, canvas)), np.int32), device)
+  sc_1CV = jax.device_put(np.asarray(g.normal(0, 1, (1, canvas, cfg.vocab_size)), np.float32), device)
+
+  @jax.jit
+  def decode(params, canvas_1C, sc_1CV):
+    """One decoder pass of the canvas against the prompt cache, with a self-conditioning signal: the
+    model's share of a denoising step (the rest is the sampler's vocab-sized work)."""
+    pos = prompt_len + jnp.arange(canvas, dtype=jnp.int32)[None]
+    return model.apply({"params": params}, canvas_1C, pos, jnp.ones_like(canvas_1C), cache, sc_1CV,
+                       method=Transformer.decode)
+
+  t_decode = median_seconds(lambda: decode(params, canvas_1C, sc_1CV), reps)
+  note(f"one decoder pass {t_decode * 1e3:.2f} ms")
+  del sc_1CV
   timings, compile_s = {}, {}
   for s in steps:
     scfg = SamplerConfig(canvas_len=canvas, max_denoising_steps=s, confidence_threshold=0.0, early_exit=False,
@@ -122,6 +147,7 @@ def run(preset: str = "full", prompt_len: int = 1024, canvas: int = 256, steps: 
     compile_s[s] = time.perf_counter() - t0
     assert int(out.num_forwards_B[0]) == s, (int(out.num_forwards_B[0]), s)  # fixed step count
     timings[s] = median_seconds(call, reps)
+    note(f"{s} denoising steps: first call (compile) {compile_s[s]:.1f} s, then {timings[s]:.3f} s per call")
   if len(steps) > 1:
     s_step = (timings[steps[-1]] - timings[steps[0]]) / (steps[-1] - steps[0])
   else:
@@ -136,17 +162,19 @@ def run(preset: str = "full", prompt_len: int = 1024, canvas: int = 256, steps: 
   return dict(
       preset=preset, device=f"{device.platform} {getattr(device, 'device_kind', '')}".strip(),
       jax=jax.__version__, params_gib=param_bytes / 2**30, init_s=init_s, prompt_len=prompt_len, canvas=canvas,
-      steps=steps, per_steps=per_s, encode_s=t_encode, s_per_step=s_step,
+      steps=steps, per_steps=per_s, encode_s=t_encode, decode_s=t_decode, s_per_step=s_step,
       denoise_tokens_per_s={s: canvas / (s * s_step) for s in steps},
       decoder_flops=dec_flops, encoder_flops=enc_flops, matmul_flops_per_s=peak, matmul_n=matmul_n,
       mfu_decoder=dec_flops / s_step / peak, mfu_encoder=enc_flops / t_encode / peak,
-      peak_bytes_in_use=stats.get("peak_bytes_in_use"), wall_s=time.perf_counter() - t_start, moe_impl=moe_impl)
+      peak_bytes_in_use=stats.get("peak_bytes_in_use"), wall_s=time.perf_counter() - t_start, moe_impl=moe_impl,
+      moe_capacity_factor=cfg.moe_capacity_factor)
 
 
 def report(r: dict) -> str:
   lines = [f"command: {' '.join(sys.argv)}",
            f"device: {r['device']} (jax {r['jax']}); preset {r['preset']}, random bf16 weights "
-           f"{r['params_gib']:.2f} GiB made on device in {r['init_s']:.1f} s; MoE {r['moe_impl']}",
+           f"{r['params_gib']:.2f} GiB made on device in {r['init_s']:.1f} s; MoE {r['moe_impl']}"
+           + (f" (capacity factor {r['moe_capacity_factor']:g})" if r["moe_impl"] == "capacity" else ""),
            f"prompt {r['prompt_len']} tokens encoded in {r['encode_s'] * 1e3:.1f} ms "
            f"({r['encoder_flops'] / 1e9:.4g} GFLOP, MFU {r['mfu_encoder']:.3f}); canvas {r['canvas']} tokens",
            f"{'steps':>5} {'call s':>8} {'s/step*':>9} {'tokens/s (call)':>16} {'compile s':>10}"]
@@ -154,6 +182,8 @@ def report(r: dict) -> str:
     p = r["per_steps"][s]
     lines.append(f"{s:>5} {p['total_s']:>8.3f} {p['s_per_step']:>9.4f} {p['tokens_per_s']:>16.1f} {p['compile_s']:>10.1f}")
   lines += [
+      f"one decoder pass alone (canvas vs the prompt cache, self-conditioning on): {r['decode_s'] * 1e3:.2f} ms "
+      f"(MFU {r['decoder_flops'] / r['decode_s'] / r['matmul_flops_per_s']:.3f})",
       f"s/step (difference of the step counts): {r['s_per_step'] * 1e3:.2f} ms; denoising-only tokens/s: " +
       ", ".join(f"{s} steps {v:.0f}" for s, v in r["denoise_tokens_per_s"].items()),
       f"decoder pass: {r['decoder_flops'] / 1e9:.4g} GFLOP useful; bf16 {r['matmul_n']}^3 matmul in this run: "
@@ -171,11 +201,14 @@ def main(argv=None):
   ap.add_argument("--canvas", type=int, default=256)
   ap.add_argument("--steps", default="16,48", help="comma-separated denoising step counts")
   ap.add_argument("--reps", type=int, default=3)
-  ap.add_argument("--moe_impl", default="ragged", choices=("ragged", "dense"))
+  ap.add_argument("--moe_impl", default="ragged", choices=("ragged", "dense", "capacity"))
+  ap.add_argument("--capacity_factor", type=float, default=None,
+                  help="moe_impl=capacity: rows per expert / mean load (default: the config's)")
   ap.add_argument("--matmul_n", type=int, default=0, help="matmul size for the peak rate (0: 8192, tiny: 512)")
   a = ap.parse_args(argv)
   n = a.matmul_n or (8192 if a.preset == "full" else 512)
-  r = run(a.preset, a.prompt_len, a.canvas, tuple(int(s) for s in a.steps.split(",")), a.reps, a.moe_impl, n)
+  r = run(a.preset, a.prompt_len, a.canvas, tuple(int(s) for s in a.steps.split(",")), a.reps, a.moe_impl, n,
+          capacity_factor=a.capacity_factor, progress=True)
   print(report(r))
   return r
 

@@ -1,9 +1,10 @@
-"""The MoE layer's ragged path vs its dense all-experts path vs a dense GeGLU FFN of equal ACTIVE size.
+"""The MoE layer's ragged, dense and capacity paths vs a dense GeGLU FFN of equal ACTIVE size.
 
   .venv/bin/python bench/moe.py [--reps=3]
 
 `dgemma.model.moe.MoE` (router + experts) with cfg.moe_impl = 'ragged' (tokens sorted by expert,
-`jax.lax.ragged_dot`) and 'dense' (every expert on every token), and `layers.GeGLU` with hidden =
+`jax.lax.ragged_dot`), 'dense' (every expert on every token) and 'capacity' (per-expert slabs of
+--capacity_factor x the mean load, batched matmuls, ragged fallback on overflow), and `layers.GeGLU` with hidden =
 top_k * expert_hidden (the FLOPs a token really needs), at two sizes: the `small` preset and a larger
 layer. Forward and forward+backward (grads of params and input), jitted, compile excluded. The
 variants are timed interleaved in one process (rounds of: each variant once), so machine load hits
@@ -30,6 +31,7 @@ from dgemma.model.moe import MoE
 
 _REPS = flags.DEFINE_integer("reps", 3, "Interleaved rounds (each round times every variant).")
 _MIN_TIME = flags.DEFINE_float("min_time", 0.3, "Seconds each timing spans at least (calls are repeated).")
+_CAPACITY = flags.DEFINE_float("capacity_factor", 2.0, "moe_impl='capacity' variant: rows per expert / mean load.")
 
 # (label, d_model, num_experts, top_k, expert_hidden, tokens)
 _SMALL = small.get_config()
@@ -54,9 +56,11 @@ def build(label: str, D: int, E: int, k: int, F: int, T: int):
   ct_1TD = jnp.asarray(g.normal(0, 1, (1, T, D)), jnp.float32)
   valid_1T = jnp.ones((1, T), bool)
   modules = {}
-  for impl in ("ragged", "dense"):
+  for impl, factor in (("ragged", None), ("dense", None), ("capacity", _CAPACITY.value)):
     cfg_d = base.copy_and_resolve_references()
     cfg_d.moe_impl = impl
+    if factor is not None:
+      cfg_d.moe_capacity_factor = factor
     cfg = ModelConfig.from_config_dict(cfg_d)
     modules[f"MoE {impl}"] = (MoE(cfg), lambda m, p, x: m.apply({"params": p}, x, x, valid_1T)[0])
   modules["GeGLU (k*Fe)"] = (layers.GeGLU(D, k * F), lambda m, p, x: m.apply({"params": p}, x))
@@ -101,7 +105,8 @@ def measure(variants, reps: int, min_time: float):
 def main(argv):
   del argv
   print(f"command: {' '.join(sys.argv)}")
-  print(f"devices: {jax.devices()[0].platform} x{jax.device_count()}, float32")
+  print(f"devices: {jax.devices()[0].platform} x{jax.device_count()}, float32; "
+        f"capacity factor {_CAPACITY.value:g}")
   for label, D, E, k, F, T in SIZES:
     variants = build(label, D, E, k, F, T)
     med = measure(variants, _REPS.value, _MIN_TIME.value)

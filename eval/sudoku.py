@@ -6,12 +6,19 @@
   # any sampler setting of configs/base.py's `sample` group, e.g. fewer denoising steps:
   python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --set=max_denoising_steps=16
   python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --set=quantize=int8  # int8 / int4 weights
+  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --candidates=8   # generate and verify
 
 The run's own config.json gives the model and data settings. Diffusion runs decode each puzzle with
 `dgemma.sampling.generate` (the released entropy-bound sampler with re-noising of non-accepted cells by
 default; `--renoise=none` keeps them instead); runs trained with diffusion.objective='ar' decode the 81
 digits greedily with `dgemma.sampling.ar_generate`. The prompt is [BOS] + the 81 puzzle digits, exactly
 the context of the training rows (dgemma/data/sudoku.py).
+
+Generate and verify (`--candidates=N`, diffusion runs): a puzzle whose sample breaks the rules (a row,
+column or box with a repeat or a hole, or a given changed; checked from the puzzle alone, never from the
+reference solution) is sampled again with a new key, up to N samples in all; the first sample that
+passes is the prediction. This is a different decoding budget from one sample (up to N x the forwards),
+reported as its own variant `..._verified_of_N` with `samples_drawn` and `solved_by_candidate`.
 
 Metrics (every puzzle counts; a prediction with a non-digit or a missing cell is simply wrong there):
   solve_rate     fraction of puzzles whose prediction is a valid grid (every row, column and box holds
@@ -31,6 +38,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from dgemma import checkpointing, quant, tokenizers, trainer
@@ -88,12 +96,21 @@ def apply_sample_overrides(config, overrides: dict[str, Any]) -> None:
       config.sample[name] = value
 
 
+def sample_key(seed: int, index: int, candidate: int = 0) -> jax.Array:
+  """The sampler key of puzzle `index` (its row in the CSV), candidate `candidate`: candidate 0 is
+  fold_in(key(seed), index), so a puzzle's first sample does not depend on batching or on --candidates."""
+  key = jax.random.fold_in(jax.random.key(seed), index)
+  return key if candidate == 0 else jax.random.fold_in(key, candidate)
+
+
 def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_size: int = 50,
-                  seed: int | None = None) -> list[str]:
+                  seed: int | None = None, indices: Sequence[int] | None = None, candidate: int = 0) -> list[str]:
   """Decoded 81-character predictions (non-digits kept as '.'), one per puzzle, in order.
 
   Diffusion: `generate` with SamplerConfig.from_config(config) (config.sample); AR objective:
   greedy `ar_generate`. Batches are padded to `batch_size` rows (one compiled program).
+  indices: each puzzle's row in its CSV (default 0..n-1) and candidate: which sample of it; together
+  they pick the row's key (`sample_key`).
   """
   tokenizer = tokenizers.ByteTokenizer()
   model = Transformer(model_cfg)
@@ -106,13 +123,15 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
   if sampler_cfg is not None:
     check_request(sampler_cfg, batch=batch_size, prompt_len=sudoku.CONTEXT_LEN, max_new_tokens=sudoku.NUM_CELLS)
   lengths = np.full((batch_size,), sudoku.CONTEXT_LEN, np.int32)
+  indices = np.arange(len(puzzles)) if indices is None else np.asarray(indices)
   texts = []
   for start in range(0, len(puzzles), batch_size):
     chunk = prompts[start:start + batch_size]
     n = len(chunk)
     chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - n, axis=0)])
-    # Per-row keys from the puzzle's index: a puzzle's sample does not depend on the batching.
-    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(np.arange(start, start + batch_size))
+    rows = indices[start:start + batch_size]
+    rows = np.concatenate([rows, np.repeat(rows[-1:], batch_size - n)])
+    keys = jnp.stack([sample_key(seed, int(i), candidate) for i in rows])
     if is_ar:
       tokens, _ = ar_generate(model, params, chunk, lengths, keys, max_new_tokens=sudoku.NUM_CELLS,
                               temperature=0.0, end_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
@@ -132,13 +151,41 @@ def _decode_cells(ids: np.ndarray, tokenizer) -> str:
   return "".join(out)
 
 
+def solve_with_candidates(config, model_cfg, params, puzzles: Sequence[str], candidates: int, *,
+                          batch_size: int = 50) -> tuple[list[str], list[int], int]:
+  """Generate and verify: up to `candidates` samples per puzzle, drawn in rounds; a puzzle whose
+  sample passes the rules check (`sudoku.is_solution`: valid rows, columns, boxes and every given
+  kept; the reference solution is never read) keeps it and leaves the later rounds. A puzzle no sample
+  passes keeps its first. Returns (predictions, candidate index of each prediction, samples drawn)."""
+  texts = solve_puzzles(config, model_cfg, params, puzzles, batch_size=batch_size)
+  chosen, drawn = [0] * len(puzzles), len(puzzles)
+  grids = [sudoku.parse_grid(p) for p in puzzles]
+  for c in range(1, candidates):
+    open_rows = [i for i, t in enumerate(texts) if not sudoku.is_solution(prediction_grid(t), grids[i])]
+    if not open_rows:
+      break
+    retry = solve_puzzles(config, model_cfg, params, [puzzles[i] for i in open_rows], batch_size=batch_size,
+                          indices=open_rows, candidate=c)
+    drawn += len(open_rows)
+    for i, text in zip(open_rows, retry):
+      if sudoku.is_solution(prediction_grid(text), grids[i]):
+        texts[i], chosen[i] = text, c
+  return texts, chosen, drawn
+
+
 def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | None = None,
              predictions_path: str | None = None, batch_size: int = 50, limit: int = 0, step: int = -1,
-             print_fn=print) -> dict:
-  """Runs the benchmark; returns the metrics (also written next to the predictions)."""
+             candidates: int = 1, print_fn=print) -> dict:
+  """Runs the benchmark; returns the metrics (also written next to the predictions).
+  candidates > 1: generate and verify (`solve_with_candidates`), a diffusion run only."""
   config = _run_config(checkpoint)
   apply_sample_overrides(config, overrides or {})
   config_lib.validate(config)
+  if candidates < 1:
+    raise ConfigError(f"--candidates must be >= 1, got {candidates}")
+  if candidates > 1 and config.diffusion.objective == "ar":
+    raise ConfigError("--candidates > 1 needs a diffusion run: the AR baseline decodes greedily, so every "
+                      "candidate would be the same")
   if config.diffusion.objective != "ar":
     SamplerConfig.from_config(config)  # bad sampler settings fail before loading anything
   quant.check(ModelConfig.from_config_dict(config.model), quant.QuantConfig.from_config(config))
@@ -147,12 +194,20 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
     rows = rows[:limit]
   config, model_cfg, params, step = _with_params(checkpoint, config, step)
   start = time.perf_counter()
-  predictions = solve_puzzles(config, model_cfg, params, [p for p, _ in rows], batch_size=batch_size)
+  predictions, chosen, drawn = solve_with_candidates(config, model_cfg, params, [p for p, _ in rows], candidates,
+                                              batch_size=batch_size)
   seconds = time.perf_counter() - start
   metrics, records = score([p for p, _ in rows], [s for _, s in rows], predictions)
+  for record, c in zip(records, chosen):
+    record["candidate"] = c
   variant = "ar_greedy" if config.diffusion.objective == "ar" else f"{config.sample.sampler}_renoise_{config.sample.renoise}"
   if config.sample.quantize != "none":
     variant += f"_{config.sample.quantize}"
+  if candidates > 1:
+    variant += f"_verified_of_{candidates}"
+    metrics.update(candidates=candidates, samples_drawn=drawn,
+                   solved_by_candidate=[sum(1 for r, c in zip(records, chosen) if r["solved"] and c == k)
+                                        for k in range(candidates)])
   metrics.update(variant=variant, checkpoint=str(checkpoint), step=int(step), puzzles=str(puzzles_csv),
                  seconds=round(seconds, 2), sample_overrides=dict(overrides or {}))
   out = Path(predictions_path or Path(checkpoint) / f"sudoku_predictions_{variant}.jsonl")
@@ -216,13 +271,16 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--batch_size", type=int, default=50)
   parser.add_argument("--limit", type=int, default=0, help="only the first N puzzles (0 = all)")
   parser.add_argument("--step", type=int, default=-1, help="checkpoint step (-1 = latest)")
+  parser.add_argument("--candidates", type=int, default=1,
+                      help="generate and verify: up to N samples per puzzle, keeping the first that passes the "
+                           "rules check (diffusion runs; 1 = a single sample)")
   args = parser.parse_args(argv)
   overrides = _parse_set(args.set)
   if args.renoise is not None:
     overrides["renoise"] = args.renoise
   try:
     evaluate(args.checkpoint, args.puzzles, overrides=overrides, predictions_path=args.predictions,
-             batch_size=args.batch_size, limit=args.limit, step=args.step)
+             batch_size=args.batch_size, limit=args.limit, step=args.step, candidates=args.candidates)
   except (ConfigError, FileNotFoundError, ValueError) as e:
     sys.exit(f"eval.sudoku: {e}")
 

@@ -27,6 +27,8 @@ def test_full_config_is_the_released_preset():
   preset = ModelConfig.from_config_dict(diffusiongemma_26b_a4b.get_config())
   assert bench.model_config("full") == preset
   assert bench.model_config("full", "dense") == dataclasses.replace(preset, moe_impl="dense")
+  assert bench.model_config("full", "capacity", 2.0) == dataclasses.replace(preset, moe_impl="capacity",
+                                                                            moe_capacity_factor=2.0)
 
 
 _BLOCKED = ("ml_collections", "grain", "tensorflow_datasets", "tensorflow", "tensorboardX", "sentencepiece",
@@ -58,6 +60,7 @@ def test_tiny_mode_runs_the_same_path():
   bench = _load()
   r = bench.run("tiny", prompt_len=16, canvas=16, steps=(2,), reps=1, matmul_n=128)
   assert r["steps"] == (2,) and r["canvas"] == 16 and r["prompt_len"] == 16
+  assert r["decode_s"] > 0 and r["per_steps"][2]["total_s"] > 0
   p = r["per_steps"][2]
   assert p["total_s"] > 0 and r["encode_s"] > 0 and r["matmul_flops_per_s"] > 0
   # one step count: s/step = (call - encode) / steps, and the token rates follow from it

@@ -170,3 +170,58 @@ def test_moe_aux_only_when_enabled():
   assert set(aux) == {"router_aux_loss", "router_z_loss"}
   assert np.isfinite(float(aux["router_aux_loss"])) and float(aux["router_aux_loss"]) > 0
   assert float(aux["router_z_loss"]) > 0
+
+
+def test_capacity_slabs_equal_dense_and_fall_back_to_ragged_on_overflow():
+  """moe_impl='capacity' (experts_capacity): balanced routing stays in the slabs and matches the dense
+  reference; routing that overloads an expert would lose pairs in the slabs (fallback=False shows it)
+  and is exact through the ragged fallback. Gradients too."""
+  from dgemma.model.moe import expert_capacity, experts_capacity, experts_dense
+  T_, E, k, D, F = 32, 4, 2, 8, 16
+  C = expert_capacity(T_, k, E, 1.0)
+  assert C == 16 < T_ and expert_capacity(T_, k, E, 4.0) == T_ and expert_capacity(3, 2, 4, 1.0) == 3
+  g = np.random.default_rng(3)
+  x = jnp.asarray(g.normal(size=(T_, D)), jnp.float32)
+  gate, up = (jnp.asarray(g.normal(0, 0.3, (E, D, F)), jnp.float32) for _ in range(2))
+  down = jnp.asarray(g.normal(0, 0.3, (E, F, D)), jnp.float32)
+  w = jnp.asarray(g.uniform(0.1, 1.0, (T_, k)), jnp.float32)
+  t = np.arange(T_)
+  balanced = jnp.asarray(np.stack([t % E, (t + 1) % E], 1), jnp.int32)        # 16 pairs per expert
+  skewed = jnp.asarray(np.stack([np.where(t < 24, 0, t % E), np.where(t < 24, 1 + t % 3, (t + 1) % E)], 1),
+                       jnp.int32)                                                # expert 0: 24 + pairs
+  assert np.bincount(np.asarray(balanced).ravel()).max() == C
+  assert np.bincount(np.asarray(skewed).ravel()).max() > C
+
+  def fn(impl, idx, **kw):
+    if impl == "dense":
+      return jax.jit(lambda x, gt, u, d, w: experts_dense(x, gt, u, d, w, idx, jnp.float32))
+    return jax.jit(lambda x, gt, u, d, w: experts_capacity(x, gt, u, d, w, idx, jnp.float32, 1.0, **kw))
+
+  args = (x, gate, up, down, w)
+  for idx in (balanced, skewed):
+    ref = fn("dense", idx)(*args)
+    np.testing.assert_allclose(fn("capacity", idx)(*args), ref, rtol=1e-5, atol=1e-5)
+    slabs_only = fn("capacity", idx, fallback=False)(*args)
+    if idx is balanced:
+      np.testing.assert_allclose(slabs_only, ref, rtol=1e-5, atol=1e-5)
+    else:  # the overflowing pairs are missing from the slab-only result
+      assert float(jnp.abs(slabs_only - ref).max()) > 1e-2
+    proj = jnp.asarray(g.normal(size=(T_, D)), jnp.float32)
+    grad = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(f(*a) * proj), argnums=(0, 1, 2, 3, 4)))(*args)
+    chex.assert_trees_all_close(grad(fn("capacity", idx)), grad(fn("dense", idx)), rtol=1e-4, atol=1e-5)
+
+
+def test_capacity_impl_in_the_moe_layer():
+  """MoE(cfg) with moe_impl='capacity' at factors whose slabs hold every token (C = T) and fewer
+  (C < T, the cond between slabs and ragged) gives the per-expert loop's numbers."""
+  from dgemma.model.moe import expert_capacity
+  x, xn = _inputs(_cfg())
+  valid = jnp.ones((B, T), bool)
+  assert expert_capacity(B * T, 1, 6, 8.0) == B * T and expert_capacity(B * T, 1, 6, 0.5) < B * T
+  for factor in (8.0, 0.5):
+    cfg = _cfg(moe_impl="capacity", moe_capacity_factor=factor, num_experts=6, experts_per_token=1)
+    p_c = _params(cfg)
+    out = jax.jit(lambda p, x, xn: MoE(cfg).apply({"params": p}, x, xn, valid)[0])(p_c, x, xn)
+    np.testing.assert_allclose(out, _loop_reference(cfg, p_c, x, xn), rtol=1e-5, atol=1e-5)
+  with pytest.raises(Exception, match="moe_capacity_factor"):
+    _cfg(moe_capacity_factor=0.0)

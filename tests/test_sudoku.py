@@ -295,3 +295,31 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   assert schemes == ["int8", True] * 2  # quant.check's shape-only pass before loading, then the real weights
   assert q_metrics["variant"] == "released_renoise_non_accepted_int8" and q_metrics["num_puzzles"] == 2
   assert (workdir / "sudoku_predictions_released_renoise_non_accepted_int8.metrics.json").is_file()
+
+  # Generate and verify (--candidates): round c re-samples only the puzzles no earlier sample solved,
+  # with the key sample_key(seed, row, c); the first sample passing the rules check is kept. The random
+  # model solves nothing, so a wrapper around the real solver plants a solution as row 1's candidate 1.
+  monkeypatch.setattr(quant, "quantize_params", real_quantize)
+  real_solve, calls = eval_sudoku.solve_puzzles, []
+
+  def planted(config, model_cfg, params, puzzles, *, indices=None, candidate=0, **kw):
+    texts = real_solve(config, model_cfg, params, puzzles, indices=indices, candidate=candidate, **kw)
+    rows_ = list(range(len(puzzles)) if indices is None else indices)
+    calls.append((rows_, candidate))
+    return [rows[1][1] if (r, candidate) == (1, 1) else t for r, t in zip(rows_, texts)]
+
+  monkeypatch.setattr(eval_sudoku, "solve_puzzles", planted)
+  v_out = tmp_path / "verified.jsonl"
+  v_metrics = eval_sudoku.evaluate(str(workdir), str(puzzles_csv), predictions_path=str(v_out), batch_size=2,
+                                   candidates=3, print_fn=lambda *_: None)
+  assert calls == [([0, 1], 0), ([0, 1], 1), ([0], 2)]
+  v_records = [json.loads(line) for line in v_out.read_text().splitlines()]
+  assert [r["candidate"] for r in v_records] == [0, 1] and [r["solved"] for r in v_records] == [False, True]
+  assert v_records[0]["prediction"] == records[0]["prediction"]  # row 0: no sample passed -> its first
+  assert v_metrics["samples_drawn"] == 5 and v_metrics["solved_by_candidate"] == [0, 1, 0]
+  assert v_metrics["solve_rate"] == 0.5 and v_metrics["variant"] == "released_renoise_non_accepted_verified_of_3"
+  # Candidate keys differ from candidate 0's, which is the single-sample key.
+  assert not np.array_equal(jax.random.key_data(eval_sudoku.sample_key(0, 1, 1)),
+                            jax.random.key_data(eval_sudoku.sample_key(0, 1, 0)))
+  with pytest.raises(ConfigError, match="--candidates must be >= 1"):
+    eval_sudoku.evaluate(str(workdir), str(puzzles_csv), candidates=0)

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 SLIDING = "sliding"
 GLOBAL = "global"
 LAYER_KINDS = (SLIDING, GLOBAL)
-MOE_IMPLS = ("ragged", "dense", "expert_parallel")
+MOE_IMPLS = ("ragged", "dense", "capacity", "expert_parallel")
 
 
 class ConfigError(ValueError):
@@ -41,8 +41,11 @@ class ModelConfig:
     final_logit_softcap: logits = c * tanh(logits / c); 0 disables.
     rms_eps: RMSNorm epsilon.
     self_conditioning: whether the decoder has the self-conditioning module.
-    moe_impl: 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts, test reference) or
-      'expert_parallel' (experts sharded over the mesh axis 'expert', all-to-all token exchange).
+    moe_impl: 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts, test reference),
+      'capacity' (fixed per-expert slabs + batched matmuls, ragged fallback on overflow; the fast one
+      on GPU, docs/benchmarks.md) or 'expert_parallel' (experts sharded over the mesh axis 'expert',
+      all-to-all token exchange).
+    moe_capacity_factor: moe_impl='capacity': slab rows per expert = this x the mean load T*k/E.
     scan_layers: apply repeated layer-pattern blocks with `nn.scan` over stacked weights.
     remat: rematerialisation policy name for each block ('none', 'full', 'dots').
     dtype / param_dtype: compute and storage dtypes ('float32', 'bfloat16').
@@ -74,6 +77,7 @@ class ModelConfig:
   rms_eps: float = 1e-6
   self_conditioning: bool = True
   moe_impl: str = "ragged"
+  moe_capacity_factor: float = 4.0
   scan_layers: bool = True
   remat: str = "none"
   dtype: str = "float32"
@@ -116,6 +120,7 @@ class ModelConfig:
            f"must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}")
       need(self.expert_hidden > 0, "expert_hidden", "must be positive")
     need(self.moe_impl in MOE_IMPLS, "moe_impl", f"{self.moe_impl!r} not in {MOE_IMPLS}")
+    need(self.moe_capacity_factor > 0, "moe_capacity_factor", f"must be > 0, got {self.moe_capacity_factor}")
     need(self.remat in ("none", "full", "dots"), "remat", f"{self.remat!r} not in ('none', 'full', 'dots')")
     for name in ("dtype", "param_dtype"):
       need(getattr(self, name) in ("float32", "bfloat16", "float16"), name,

@@ -4,6 +4,10 @@ Interchangeable expert implementations (`cfg.moe_impl`), all dropless:
   'ragged': the T*k (token, slot) pairs are sorted by expert id and run through
             `jax.lax.ragged_dot` with per-expert group sizes, then unsorted and combined.
   'dense':  every expert on every token, combined with a dense [T, E] weight matrix (test reference).
+  'capacity': each expert's (token, slot) pairs are scattered into a fixed [C, D] slab and all experts
+            run as one batched matmul per projection (`experts_capacity`), which reads every expert's
+            weights once; C = `expert_capacity(T, k, E, cfg.moe_capacity_factor)`. Still dropless:
+            when an expert receives more than C pairs, `lax.cond` runs the 'ragged' path instead.
   'expert_parallel': experts sharded over the mesh axis 'expert', tokens exchanged with
             `jax.lax.all_to_all` inside `jax.shard_map` (`experts_expert_parallel`); 'ragged' when
             no mesh is installed (`jax.set_mesh`, see dgemma.trainer.mesh_context).
@@ -198,6 +202,57 @@ def experts_expert_parallel(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_
   return out_TD[:T]
 
 
+def expert_capacity(num_tokens: int, k: int, num_experts: int, capacity_factor: float) -> int:
+  """Rows per expert slab: factor x the mean load T*k/E, rounded up to a multiple of 8, at most T
+  (a token picks an expert at most once, so C = T can never overflow)."""
+  mean = num_tokens * k / num_experts
+  return int(min(num_tokens, 8 * math.ceil(capacity_factor * mean / 8)))
+
+
+def experts_capacity(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype, capacity_factor,
+                     adapters=None, fallback: bool = True):
+  """Dropless capacity dispatch: pair m = (token t, slot j) of expert e with rank r among e's pairs
+  (in (t, j) order) goes to row e*C + r of an [E*C, D] slab; gate/up/down are batched matmuls over e
+  (every expert's weights read once, E*C rows computed, empty rows are zeros); outputs are gathered
+  back and combined with the routing weights in fp32. If max load > C, the 'ragged' path runs instead
+  (`fallback=False` drops the overflowing pairs instead: only for tests that the check is needed)."""
+  T, D = x_TD.shape
+  E, k = gate_EDF.shape[0], index_Tk.shape[1]
+  C = expert_capacity(T, k, E, capacity_factor)
+  adapters = adapters or {}
+  expert_M = index_Tk.reshape(-1)  # M = T * k (token, slot) pairs, row-major
+  group_sizes_E = jnp.bincount(expert_M, length=E).astype(jnp.int32)
+
+  def slabs(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk):
+    order_M = jnp.argsort(expert_M, stable=True)
+    start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
+    rank_sorted_M = jnp.arange(T * k, dtype=jnp.int32) - start_E[expert_M[order_M]]
+    rank_M = jnp.zeros_like(rank_sorted_M).at[order_M].set(rank_sorted_M)
+    slot_M = jnp.where(rank_M < C, expert_M * C + rank_M, E * C)  # E * C: out of range, dropped
+    x_SD = jnp.zeros((E * C, D), dtype).at[slot_M].set(
+        jnp.repeat(x_TD.astype(dtype), k, axis=0), mode="drop")
+
+    def proj(name, h_ECX, w_EXY):
+      y = jnp.einsum("ecx,exy->ecy", h_ECX, w_EXY.astype(dtype))
+      if name in adapters:
+        lr = adapters[name]
+        h_ECr = jnp.einsum("ecx,exr->ecr", h_ECX, lr.a.astype(dtype))
+        y = y + jnp.einsum("ecr,ery->ecy", h_ECr, lr.b.astype(dtype)) * jnp.asarray(lr.scale, dtype)
+      return y
+
+    x_ECD = x_SD.reshape(E, C, D)
+    g_ECF = proj("gate_proj", x_ECD, gate_EDF)
+    u_ECF = proj("up_proj", x_ECD, up_EDF)
+    y_SD = proj("down_proj", layers.gelu(g_ECF) * u_ECF, down_EFD).reshape(E * C, D)
+    y_TkD = jnp.take(y_SD, slot_M, axis=0, mode="fill", fill_value=0).reshape(T, k, D)
+    return jnp.sum(y_TkD.astype(jnp.float32) * weights_Tk[..., None], axis=1).astype(dtype)
+
+  if C >= T or not fallback:  # C >= T: no expert can receive more than T pairs
+    return slabs(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk)
+  ragged = lambda *a: experts_ragged(*a, index_Tk, dtype, adapters or None)
+  return jax.lax.cond(jnp.max(group_sizes_E) > C, ragged, slabs, x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk)
+
+
 class Experts(nn.Module):
   """E GeGLU experts; weights are plain arrays gate_proj/up_proj [E, D, Fe], down_proj [E, Fe, D]
   (or `quant.QArray`s, dequantized here to the compute dtype).
@@ -231,6 +286,9 @@ class Experts(nn.Module):
         gate, up, down = (fold(w, adapters[n]) if n in adapters else w
                           for w, n in ((gate, "gate_proj"), (up, "up_proj"), (down, "down_proj")))
       return experts_expert_parallel(x_TD, gate, up, down, weights_Tk, index_Tk, dtype)
+    if cfg.moe_impl == "capacity":
+      return experts_capacity(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, cfg.moe_capacity_factor,
+                              adapters or None)
     fn = experts_ragged if cfg.moe_impl == "ragged" else experts_dense
     return fn(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, adapters or None)
 
