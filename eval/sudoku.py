@@ -18,7 +18,9 @@ Generate and verify (`--candidates=N`, diffusion runs): a puzzle whose sample br
 column or box with a repeat or a hole, or a given changed; checked from the puzzle alone, never from the
 reference solution) is sampled again with a new key, up to N samples in all; the first sample that
 passes is the prediction. This is a different decoding budget from one sample (up to N x the forwards),
-reported as its own variant `..._verified_of_N` with `samples_drawn` and `solved_by_candidate`.
+reported as its own variant `..._<retry>_verified_of_N` with `samples_drawn` and `solved_by_candidate`.
+`--retry=repair` instead holds the cells of the last sample that break no rule fixed (the sampler's
+infilling) and re-noises only the conflicting ones.
 
 Metrics (every puzzle counts; a prediction with a non-digit or a missing cell is simply wrong there):
   solve_rate     fraction of puzzles whose prediction is a valid grid (every row, column and box holds
@@ -104,13 +106,16 @@ def sample_key(seed: int, index: int, candidate: int = 0) -> jax.Array:
 
 
 def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_size: int = 50,
-                  seed: int | None = None, indices: Sequence[int] | None = None, candidate: int = 0) -> list[str]:
+                  seed: int | None = None, indices: Sequence[int] | None = None, candidate: int = 0,
+                  keep: Sequence[tuple[str, np.ndarray]] | None = None) -> list[str]:
   """Decoded 81-character predictions (non-digits kept as '.'), one per puzzle, in order.
 
   Diffusion: `generate` with SamplerConfig.from_config(config) (config.sample); AR objective:
   greedy `ar_generate`. Batches are padded to `batch_size` rows (one compiled program).
   indices: each puzzle's row in its CSV (default 0..n-1) and candidate: which sample of it; together
   they pick the row's key (`sample_key`).
+  keep: per puzzle, (81-character text, bool[81]) cells held fixed in the canvas (the sampler's
+    infilling: never re-noised, not counted against the acceptance budget); diffusion runs only.
   """
   tokenizer = tokenizers.ByteTokenizer()
   model = Transformer(model_cfg)
@@ -124,11 +129,17 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
     check_request(sampler_cfg, batch=batch_size, prompt_len=sudoku.CONTEXT_LEN, max_new_tokens=sudoku.NUM_CELLS)
   lengths = np.full((batch_size,), sudoku.CONTEXT_LEN, np.int32)
   indices = np.arange(len(puzzles)) if indices is None else np.asarray(indices)
+  if keep is not None:
+    if is_ar:
+      raise ConfigError("keep: held cells need a diffusion run (the AR baseline decodes left to right)")
+    keep_tokens = np.stack([np.asarray(tokenizer.encode(t.replace(".", "0")), np.int32) for t, _ in keep])
+    keep_mask = np.stack([np.asarray(m, bool) for _, m in keep])
   texts = []
   for start in range(0, len(puzzles), batch_size):
     chunk = prompts[start:start + batch_size]
     n = len(chunk)
-    chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - n, axis=0)])
+    pad_rows = lambda a: np.concatenate([a, np.repeat(a[-1:], batch_size - n, axis=0)])
+    chunk = pad_rows(chunk)
     rows = indices[start:start + batch_size]
     rows = np.concatenate([rows, np.repeat(rows[-1:], batch_size - n)])
     keys = jnp.stack([sample_key(seed, int(i), candidate) for i in rows])
@@ -136,7 +147,10 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
       tokens, _ = ar_generate(model, params, chunk, lengths, keys, max_new_tokens=sudoku.NUM_CELLS,
                               temperature=0.0, end_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
     else:
-      tokens = generate(model, params, chunk, lengths, sampler_cfg, keys, max_new_tokens=sudoku.NUM_CELLS).tokens_BN
+      infill = {} if keep is None else dict(infill_tokens_BN=pad_rows(keep_tokens[start:start + batch_size]),
+                                            infill_mask_BN=pad_rows(keep_mask[start:start + batch_size]))
+      tokens = generate(model, params, chunk, lengths, sampler_cfg, keys, max_new_tokens=sudoku.NUM_CELLS,
+                        **infill).tokens_BN
     tokens = np.asarray(jax.device_get(tokens))[:n]
     texts.extend(_decode_cells(row, tokenizer) for row in tokens)
   return texts
@@ -151,23 +165,50 @@ def _decode_cells(ids: np.ndarray, tokenizer) -> str:
   return "".join(out)
 
 
+def conflict_cells(pred: np.ndarray, puzzle: np.ndarray) -> np.ndarray:
+  """bool[81]: the blank cells of `puzzle` whose predicted digit is missing (0) or repeated in its
+  row, column or box. A filled grid that keeps the givens and has none is the solution."""
+  grid = np.asarray(pred, np.int64).reshape(9, 9)
+  bad = grid == 0
+  for unit_cells in _UNITS:
+    digits = grid.reshape(-1)[unit_cells]
+    counts = np.bincount(digits, minlength=10)
+    bad.reshape(-1)[unit_cells] |= (digits > 0) & (counts[digits] > 1)
+  return bad.reshape(-1) & (np.asarray(puzzle).reshape(-1) == 0)
+
+
+_UNITS = ([np.arange(9) + 9 * r for r in range(9)] + [np.arange(0, 81, 9) + c for c in range(9)]
+          + [np.array([9 * (3 * (b // 3) + i) + 3 * (b % 3) + j for i in range(3) for j in range(3)])
+             for b in range(9)])
+RETRIES = ("resample", "repair")
+
+
 def solve_with_candidates(config, model_cfg, params, puzzles: Sequence[str], candidates: int, *,
-                          batch_size: int = 50) -> tuple[list[str], list[int], int]:
+                          retry: str = "resample", batch_size: int = 50) -> tuple[list[str], list[int], int]:
   """Generate and verify: up to `candidates` samples per puzzle, drawn in rounds; a puzzle whose
   sample passes the rules check (`sudoku.is_solution`: valid rows, columns, boxes and every given
   kept; the reference solution is never read) keeps it and leaves the later rounds. A puzzle no sample
-  passes keeps its first. Returns (predictions, candidate index of each prediction, samples drawn)."""
+  passes keeps its first. Returns (predictions, candidate index of each prediction, samples drawn).
+  retry: 'resample' draws each retry afresh; 'repair' holds every cell of the puzzle's latest sample
+  outside `conflict_cells` fixed and re-noises only the conflicting ones (infilling)."""
+  if retry not in RETRIES:
+    raise ConfigError(f"--retry: {retry!r} not in {RETRIES}")
   texts = solve_puzzles(config, model_cfg, params, puzzles, batch_size=batch_size)
+  latest = list(texts)
   chosen, drawn = [0] * len(puzzles), len(puzzles)
   grids = [sudoku.parse_grid(p) for p in puzzles]
   for c in range(1, candidates):
     open_rows = [i for i, t in enumerate(texts) if not sudoku.is_solution(prediction_grid(t), grids[i])]
     if not open_rows:
       break
-    retry = solve_puzzles(config, model_cfg, params, [puzzles[i] for i in open_rows], batch_size=batch_size,
-                          indices=open_rows, candidate=c)
+    keep = None
+    if retry == "repair":
+      keep = [(latest[i], ~conflict_cells(prediction_grid(latest[i]), grids[i])) for i in open_rows]
+    again = solve_puzzles(config, model_cfg, params, [puzzles[i] for i in open_rows], batch_size=batch_size,
+                          indices=open_rows, candidate=c, keep=keep)
     drawn += len(open_rows)
-    for i, text in zip(open_rows, retry):
+    for i, text in zip(open_rows, again):
+      latest[i] = text
       if sudoku.is_solution(prediction_grid(text), grids[i]):
         texts[i], chosen[i] = text, c
   return texts, chosen, drawn
@@ -175,7 +216,7 @@ def solve_with_candidates(config, model_cfg, params, puzzles: Sequence[str], can
 
 def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | None = None,
              predictions_path: str | None = None, batch_size: int = 50, limit: int = 0, step: int = -1,
-             candidates: int = 1, print_fn=print) -> dict:
+             candidates: int = 1, retry: str = "resample", print_fn=print) -> dict:
   """Runs the benchmark; returns the metrics (also written next to the predictions).
   candidates > 1: generate and verify (`solve_with_candidates`), a diffusion run only."""
   config = _run_config(checkpoint)
@@ -183,6 +224,8 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
   config_lib.validate(config)
   if candidates < 1:
     raise ConfigError(f"--candidates must be >= 1, got {candidates}")
+  if retry not in RETRIES:
+    raise ConfigError(f"--retry: {retry!r} not in {RETRIES}")
   if candidates > 1 and config.diffusion.objective == "ar":
     raise ConfigError("--candidates > 1 needs a diffusion run: the AR baseline decodes greedily, so every "
                       "candidate would be the same")
@@ -195,7 +238,7 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
   config, model_cfg, params, step = _with_params(checkpoint, config, step)
   start = time.perf_counter()
   predictions, chosen, drawn = solve_with_candidates(config, model_cfg, params, [p for p, _ in rows], candidates,
-                                              batch_size=batch_size)
+                                                     retry=retry, batch_size=batch_size)
   seconds = time.perf_counter() - start
   metrics, records = score([p for p, _ in rows], [s for _, s in rows], predictions)
   for record, c in zip(records, chosen):
@@ -204,7 +247,7 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
   if config.sample.quantize != "none":
     variant += f"_{config.sample.quantize}"
   if candidates > 1:
-    variant += f"_verified_of_{candidates}"
+    variant += f"_{retry}_verified_of_{candidates}"
     metrics.update(candidates=candidates, samples_drawn=drawn,
                    solved_by_candidate=[sum(1 for r, c in zip(records, chosen) if r["solved"] and c == k)
                                         for k in range(candidates)])
@@ -274,13 +317,17 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--candidates", type=int, default=1,
                       help="generate and verify: up to N samples per puzzle, keeping the first that passes the "
                            "rules check (diffusion runs; 1 = a single sample)")
+  parser.add_argument("--retry", default="resample", choices=RETRIES,
+                      help="--candidates > 1: 'resample' afresh, or 'repair' (keep the last sample's "
+                           "non-conflicting cells, re-noise the conflicting ones)")
   args = parser.parse_args(argv)
   overrides = _parse_set(args.set)
   if args.renoise is not None:
     overrides["renoise"] = args.renoise
   try:
     evaluate(args.checkpoint, args.puzzles, overrides=overrides, predictions_path=args.predictions,
-             batch_size=args.batch_size, limit=args.limit, step=args.step, candidates=args.candidates)
+             batch_size=args.batch_size, limit=args.limit, step=args.step, candidates=args.candidates,
+             retry=args.retry)
   except (ConfigError, FileNotFoundError, ValueError) as e:
     sys.exit(f"eval.sudoku: {e}")
 

@@ -317,9 +317,50 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   assert [r["candidate"] for r in v_records] == [0, 1] and [r["solved"] for r in v_records] == [False, True]
   assert v_records[0]["prediction"] == records[0]["prediction"]  # row 0: no sample passed -> its first
   assert v_metrics["samples_drawn"] == 5 and v_metrics["solved_by_candidate"] == [0, 1, 0]
-  assert v_metrics["solve_rate"] == 0.5 and v_metrics["variant"] == "released_renoise_non_accepted_verified_of_3"
+  assert v_metrics["solve_rate"] == 0.5 and v_metrics["variant"] == "released_renoise_non_accepted_resample_verified_of_3"
   # Candidate keys differ from candidate 0's, which is the single-sample key.
   assert not np.array_equal(jax.random.key_data(eval_sudoku.sample_key(0, 1, 1)),
                             jax.random.key_data(eval_sudoku.sample_key(0, 1, 0)))
   with pytest.raises(ConfigError, match="--candidates must be >= 1"):
     eval_sudoku.evaluate(str(workdir), str(puzzles_csv), candidates=0)
+
+  # --retry=repair: the second round holds the first sample's non-conflicting cells fixed (infilling).
+  calls.clear()
+  seen_keep = []
+
+  def spy_keep(config, model_cfg, params, puzzles, *, keep=None, **kw):
+    seen_keep.append(keep)
+    return real_solve(config, model_cfg, params, puzzles, keep=keep, **kw)
+
+  monkeypatch.setattr(eval_sudoku, "solve_puzzles", spy_keep)
+  r_metrics = eval_sudoku.evaluate(str(workdir), str(puzzles_csv), batch_size=2, candidates=2, retry="repair",
+                                   predictions_path=str(tmp_path / "repair.jsonl"), print_fn=lambda *_: None)
+  assert seen_keep[0] is None and len(seen_keep[1]) == 2 and r_metrics["samples_drawn"] == 4
+  for (text, held), first in zip(seen_keep[1], records):
+    assert text == first["prediction"]
+    grid, puzzle = eval_sudoku.prediction_grid(text), sudoku.parse_grid(first["puzzle"])
+    np.testing.assert_array_equal(held, ~eval_sudoku.conflict_cells(grid, puzzle))
+  with pytest.raises(ConfigError, match="--retry"):
+    eval_sudoku.evaluate(str(workdir), str(puzzles_csv), candidates=2, retry="sometimes")
+  # Held cells come out as given, whatever the (random) model predicts.
+  held = np.arange(81) % 2 == 0
+  out_text = real_solve(run_config, model_cfg, state.params, [rows[0][0]], batch_size=1,
+                        keep=[(rows[0][1], held)])[0]
+  assert [out_text[i] for i in np.flatnonzero(held)] == [rows[0][1][i] for i in np.flatnonzero(held)]
+
+
+def test_conflict_cells_and_held_cells_in_the_sampler():
+  from eval import sudoku as eval_sudoku
+  puzzle, solution = sudoku.parse_grid(PUZZLE), sudoku.parse_grid(SOLUTION)
+  assert not eval_sudoku.conflict_cells(solution, puzzle).any()
+  blanks = np.flatnonzero(puzzle == 0)
+  a, b = blanks[0], blanks[-1]
+  broken = solution.copy()
+  broken[a] = 0                                  # a hole
+  d = solution[b] % 9 + 1                        # a digit repeated in b's row (with some other cell)
+  broken[b] = d
+  bad = eval_sudoku.conflict_cells(broken, puzzle)
+  assert bad[a] and bad[b] and not bad[puzzle != 0].any()
+  row = np.arange(9) + 9 * (b // 9)
+  twin = row[(broken[row] == d) & (row != b)]
+  assert all(bad[t] or puzzle[t] != 0 for t in twin)   # the other copy is flagged unless it is a given
