@@ -1,4 +1,4 @@
-"""dgemma.tools.memory's estimates against XLA's compiled buffer assignment, on this machine.
+"""dgemma.tools.memory's estimates against XLA's compiled buffer assignment and the measured peak, on CPU.
 
   .venv/bin/python bench/memory_check.py [--config=configs/models/small.py] [--context=256] [--canvas=256]
 
@@ -6,7 +6,10 @@ For one denoising step (inference, fp32 and int8 weights) and for value_and_grad
 (a `--batch` x `--seq_len` batch, canvas `--train_canvas`, remat none and full), the estimate
 (`activation_peak` of the jaxpr, shapes only) is compared with `jit(...).lower(...).compile()
 .memory_analysis()`: temp = XLA's scratch buffers beside arguments and outputs (what the runtime
-allocates for the program; on CPU `memory_stats()` is unavailable). Both exclude the arguments.
+allocates for the program; on CPU `memory_stats()` is unavailable), and with the measured peak: each
+program runs once in a fresh process (`--row`), its arguments made and the program compiled first, with
+the resident-set high-water mark reset just before the run (Linux `/proc/self/clear_refs`); peak =
+VmHWM - VmRSS before the run. All three exclude the arguments.
 """
 
 import json
