@@ -44,7 +44,7 @@ def main(argv):
   prepared = data_pipeline.prepare(config)
   loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
   eval_step = jax.jit(trainer.make_eval_step(model_cfg, loss_cfg))
-  sharding = trainer.batch_sharding(trainer.make_mesh(config.mesh))
+  sharding = trainer.batch_sharding(trainer.make_mesh(config.mesh), config)
   rng = jax.random.PRNGKey(123)
   rows = {}
   for name, qcfg in qcfgs.items():
