@@ -1,7 +1,7 @@
 """bench/quant_quality.py end to end on a saved tiny run (random weights): it loads the run, scores the
 same validation batches at every scheme and prints one row per scheme, the reference's deltas zero."""
 
-import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from tests.model_utils import random_params
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quant_quality_runs_on_a_saved_run(tiny_config, tmp_path, capsys, monkeypatch):
+def test_quant_quality_runs_on_a_saved_run(tiny_config, tmp_path):
   config = tiny_config
   workdir = tmp_path / "run"
   model_cfg = config_lib.validate(config)
@@ -26,17 +26,12 @@ def test_quant_quality_runs_on_a_saved_run(tiny_config, tmp_path, capsys, monkey
   manager.wait_until_finished()
   manager.close()
 
-  spec = importlib.util.spec_from_file_location("quant_quality", ROOT / "bench" / "quant_quality.py")
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
-  monkeypatch.setattr(sys, "argv", ["quant_quality.py"])
-  from absl import flags
-  flags.FLAGS([  "quant_quality.py", f"--workdir={workdir}", "--batches=1", "--group_size=16"])
-  try:
-    bench.main([])
-  finally:
-    flags.FLAGS.unparse_flags()
-  out = capsys.readouterr().out.splitlines()
+  # A subprocess: the script defines absl flags (a required --workdir) that must not leak into this
+  # process's global FLAGS, which other tests' CLIs parse.
+  run = subprocess.run([sys.executable, str(ROOT / "bench" / "quant_quality.py"), f"--workdir={workdir}",
+                        "--batches=1", "--group_size=16"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert run.returncode == 0, run.stderr[-3000:]
+  out = run.stdout.splitlines()
   rows = {line.split()[0]: line.split() for line in out if line.split() and line.split()[0] in ("none", "int8", "int4")}
   assert set(rows) == {"none", "int8", "int4"}
   assert rows["none"][3] == "+0.0000" and rows["none"][5] == "+0.0000"

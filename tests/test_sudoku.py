@@ -344,9 +344,10 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     eval_sudoku.evaluate(str(workdir), str(puzzles_csv), candidates=2, retry="sometimes")
   # Held cells come out as given, whatever the (random) model predicts.
   held = np.arange(81) % 2 == 0
-  out_text = real_solve(run_config, model_cfg, state.params, [rows[0][0]], batch_size=1,
-                        keep=[(rows[0][1], held)])[0]
-  assert [out_text[i] for i in np.flatnonzero(held)] == [rows[0][1][i] for i in np.flatnonzero(held)]
+  held_out = real_solve(run_config, model_cfg, state.params, [p for p, _ in rows], batch_size=2,
+                        keep=[(solution, held) for _, solution in rows])  # the repair round's program
+  for out_text, (_, solution) in zip(held_out, rows):
+    assert [out_text[i] for i in np.flatnonzero(held)] == [solution[i] for i in np.flatnonzero(held)]
 
 
 def test_conflict_cells_and_held_cells_in_the_sampler():
