@@ -26,3 +26,19 @@ def random_params(cfg: ModelConfig, seed: int = 0):
     return jnp.asarray(v, s.dtype)
 
   return jax.tree_util.tree_map_with_path(fill, param_shapes(cfg))
+
+
+def save_random_run(config, workdir):
+  """A "trained" run without training: random params (no init program to compile) saved as step 1 of
+  `workdir` beside the run's config.json. Returns (model_cfg, train state)."""
+  from dgemma import checkpointing, config as config_lib, trainer
+  model_cfg = config_lib.validate(config)
+  params = random_params(model_cfg)
+  state = trainer.TrainState(step=jnp.ones((), jnp.int32), params=params,
+                             opt_state=trainer.make_optimizer(config.opt, 1).init(params))
+  checkpointing.write_text_atomic(workdir / "config.json", config_lib.to_json(config))
+  manager = checkpointing.make_manager(workdir, async_save=False)
+  checkpointing.save(manager, 1, state, None)
+  manager.wait_until_finished()
+  manager.close()
+  return model_cfg, state

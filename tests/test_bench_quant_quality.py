@@ -5,10 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax.numpy as jnp
-
-from dgemma import checkpointing, config as config_lib, trainer
-from tests.model_utils import random_params
+from tests.model_utils import save_random_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,15 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quant_quality_runs_on_a_saved_run(tiny_config, tmp_path):
   config = tiny_config
   workdir = tmp_path / "run"
-  model_cfg = config_lib.validate(config)
-  params = random_params(model_cfg)
-  state = trainer.TrainState(step=jnp.ones((), jnp.int32), params=params,
-                             opt_state=trainer.make_optimizer(config.opt, 1).init(params))
-  checkpointing.write_text_atomic(workdir / "config.json", config_lib.to_json(config))
-  manager = checkpointing.make_manager(workdir, async_save=False)
-  checkpointing.save(manager, 1, state, None)
-  manager.wait_until_finished()
-  manager.close()
+  save_random_run(config, workdir)
 
   # A subprocess: the script defines absl flags (a required --workdir) that must not leak into this
   # process's global FLAGS, which other tests' CLIs parse.

@@ -223,9 +223,7 @@ def _slow_metrics(records):
 
 def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   import jax
-  import jax.numpy as jnp
-  from dgemma import checkpointing, trainer
-  from tests.model_utils import random_params
+  from tests.model_utils import save_random_run
   from dgemma import config as config_lib
   from eval import sudoku as eval_sudoku
 
@@ -235,15 +233,7 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   config = sudoku_config(tmp_path, puzzles_csv, puzzles_csv)
   # A "trained" run without training: random init saved as step 1 with the run's config.json.
   workdir = tmp_path / "run"
-  model_cfg = config_lib.validate(config)
-  params = random_params(model_cfg)   # no init program to compile
-  state = trainer.TrainState(step=jnp.ones((), jnp.int32), params=params,
-                             opt_state=trainer.make_optimizer(config.opt, 1).init(params))
-  checkpointing.write_text_atomic(workdir / "config.json", config_lib.to_json(config))
-  manager = checkpointing.make_manager(workdir, async_save=False)
-  checkpointing.save(manager, 1, state, None)
-  manager.wait_until_finished()
-  manager.close()
+  model_cfg, state = save_random_run(config, workdir)
 
   out = tmp_path / "preds.jsonl"
   metrics = eval_sudoku.evaluate(str(workdir), str(puzzles_csv), predictions_path=str(out), batch_size=2,
