@@ -45,6 +45,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.sudoku.min_blanks = 30     # blanks per generated puzzle ~ U{min_blanks..max_blanks}
   config.data.sudoku.max_blanks = 45
   config.data.sudoku.augment = True      # train rows: a random validity-preserving symmetry per row (seeded)
+  config.data.sudoku.infill_givens = False  # the givens' canvas cells stay clean in training (unscored) and
+                                         # are held by the sampler's infilling in eval (diffusion runs only)
 
   # Diffusion: uniform-state corruption and the training objective.
   config.diffusion = ml_collections.ConfigDict()

@@ -20,6 +20,11 @@ Per-token targets: a batch may carry `loss_mask` [B, L] (SFT: 1 on response toke
 prompt). Canvas tokens are scored only where it is 1, and the encoder's next-token loss only on
 targets where it is 1. Without it every non-padding token is a target.
 
+Infilled canvas tokens: a batch may carry `infill_mask` [B, L] (1 on canvas tokens that are given,
+e.g. a Sudoku puzzle's givens, `data.sudoku.infill_givens`). Those tokens stay clean at every t and
+are never scored, so training matches sampling with the same tokens held by the sampler's infilling
+(`generate(..., infill_tokens_BN, infill_mask_BN)`): the model learns to denoise the rest around them.
+
 `diffusion.objective` swaps the canvas loss (dgemma/objectives.py): base_ce (released), reweighted_ce,
 loo_ce, reweighted_loo_ce, nelbo (uniform-state NELBO), mdlm (masked-diffusion baseline: tokens
 replaced by `mask_id` with probability 1 - alpha) and ar (no canvas: next-token CE of the causal
@@ -116,10 +121,13 @@ def next_token_weights(segment_ids_BT: jax.Array, targets_BT: jax.Array | None =
 
 
 def target_mask(batch: dict[str, jax.Array]) -> jax.Array:
-  """[B, L] bool: tokens the losses may score (non-padding, and `loss_mask` where the batch has one)."""
+  """[B, L] bool: tokens the losses may score (non-padding, `loss_mask` where the batch has one, and
+  not an infilled token of `infill_mask`)."""
   mask = batch["segment_ids"] != 0
   if "loss_mask" in batch:
     mask = mask & (batch["loss_mask"] != 0)
+  if "infill_mask" in batch:
+    mask = mask & (batch["infill_mask"] == 0)
   return mask
 
 
@@ -205,6 +213,10 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   noisy_BC, replaced_BC = corrupt_rows(keys_B3[:, 1], canvas["tokens"].reshape(-1, C), 1.0 - alpha_B,
                                        model_cfg.vocab_size, mask_id=mask_id)
   noisy_BC, replaced_BC = noisy_BC.reshape(batch_size, K * C), replaced_BC.reshape(batch_size, K * C)
+  if "infill_mask" in canvas:  # given canvas tokens stay clean (module docstring)
+    held_BC = canvas["infill_mask"] != 0
+    noisy_BC = jnp.where(held_BC, canvas["tokens"], noisy_BC)
+    replaced_BC = replaced_BC & ~held_BC
   per_token = lambda x_B: jnp.repeat(x_B.reshape(batch_size, K), C, axis=1)  # per canvas -> [B, K*C]
 
   # Encoder: causal pass over the clean context fills the KV cache (and gives next-token logits).

@@ -12,7 +12,8 @@ The run's own config.json gives the model and data settings. Diffusion runs deco
 `dgemma.sampling.generate` (the released entropy-bound sampler with re-noising of non-accepted cells by
 default; `--renoise=none` keeps them instead); runs trained with diffusion.objective='ar' decode the 81
 digits greedily with `dgemma.sampling.ar_generate`. The prompt is [BOS] + the 81 puzzle digits, exactly
-the context of the training rows (dgemma/data/sudoku.py).
+the context of the training rows (dgemma/data/sudoku.py). A run trained with data.sudoku.infill_givens
+also holds each puzzle's givens in the canvas (the sampler's infilling), as its training did.
 
 Generate and verify (`--candidates=N`, diffusion runs): a puzzle whose sample breaks the rules (a row,
 column or box with a repeat or a hole, or a given changed; checked from the puzzle alone, never from the
@@ -116,6 +117,7 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
   they pick the row's key (`sample_key`).
   keep: per puzzle, (81-character text, bool[81]) cells held fixed in the canvas (the sampler's
     infilling: never re-noised, not counted against the acceptance budget); diffusion runs only.
+    A run trained with data.sudoku.infill_givens also holds each puzzle's givens, as in training.
   """
   tokenizer = tokenizers.ByteTokenizer()
   model = Transformer(model_cfg)
@@ -129,9 +131,12 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
     check_request(sampler_cfg, batch=batch_size, prompt_len=sudoku.CONTEXT_LEN, max_new_tokens=sudoku.NUM_CELLS)
   lengths = np.full((batch_size,), sudoku.CONTEXT_LEN, np.int32)
   indices = np.arange(len(puzzles)) if indices is None else np.asarray(indices)
+  if keep is not None and is_ar:
+    raise ConfigError("keep: held cells need a diffusion run (the AR baseline decodes left to right)")
+  if sudoku.infill_givens(config) and not is_ar:  # the run was trained with its givens held (data.sudoku)
+    givens = [(p, sudoku.givens_mask(p)) for p in puzzles]
+    keep = givens if keep is None else [(_merge_held(t, m, p), m | g) for (t, m), (p, g) in zip(keep, givens)]
   if keep is not None:
-    if is_ar:
-      raise ConfigError("keep: held cells need a diffusion run (the AR baseline decodes left to right)")
     keep_tokens = np.stack([np.asarray(tokenizer.encode(t.replace(".", "0")), np.int32) for t, _ in keep])
     keep_mask = np.stack([np.asarray(m, bool) for _, m in keep])
   texts = []
@@ -154,6 +159,11 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
     tokens = np.asarray(jax.device_get(tokens))[:n]
     texts.extend(_decode_cells(row, tokenizer) for row in tokens)
   return texts
+
+
+def _merge_held(text: str, mask: np.ndarray, puzzle: str) -> str:
+  """`text` with the puzzle's givens written over it (the cells `infill_givens` holds)."""
+  return "".join(p if p != "0" else (t if m else "0") for t, m, p in zip(text, mask, puzzle))
 
 
 def _decode_cells(ids: np.ndarray, tokenizer) -> str:
@@ -251,7 +261,8 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
     metrics.update(candidates=candidates, samples_drawn=drawn,
                    solved_by_candidate=[sum(1 for r, c in zip(records, chosen) if r["solved"] and c == k)
                                         for k in range(candidates)])
-  metrics.update(variant=variant, checkpoint=str(checkpoint), step=int(step), puzzles=str(puzzles_csv),
+  metrics.update(variant=variant, givens_held=sudoku.infill_givens(config) and config.diffusion.objective != "ar",
+                 checkpoint=str(checkpoint), step=int(step), puzzles=str(puzzles_csv),
                  seconds=round(seconds, 2), sample_overrides=dict(overrides or {}))
   out = Path(predictions_path or Path(checkpoint) / f"sudoku_predictions_{variant}.jsonl")
   checkpointing.write_text_atomic(out, "".join(json.dumps(r) + "\n" for r in records))

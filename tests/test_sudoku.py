@@ -200,6 +200,61 @@ def test_sudoku_rows_alignment_determinism_resume_and_config_errors(tmp_path):
     pipeline.prepare(sudoku_config(tmp_path, bad_csv, train_csv))
 
 
+def test_infill_givens_rows_hold_the_givens_clean_and_unscored(tmp_path, monkeypatch):
+  """data.sudoku.infill_givens: rows mark the puzzle's givens in the canvas; the diffusion loss feeds
+  them clean at every noise level and scores only the blanks (checked against the decoder's own
+  input and logits, captured, with a plain numpy cross-entropy)."""
+  import jax
+  import jax.numpy as jnp
+  from dgemma import config as config_lib, diffusion
+  from dgemma.data import pipeline
+  from dgemma.model import Transformer
+  from tests.model_utils import random_params
+  rows = sudoku.generate(4, 30, 45, seed=5)
+  train_csv = tmp_path / "train.csv"
+  sudoku.write_csv(train_csv, rows)
+  config = sudoku_config(tmp_path, train_csv, train_csv, augment=True, infill_givens=True)
+  config.data.batch_size = 4
+  model_cfg = config_lib.validate(config)
+  prepared = pipeline.prepare(config)
+  batch = next(pipeline.make_iterator(config, prepared, "train"))
+  tok = prepared.tokenizer
+  for b in range(4):
+    puzzle = tok.decode(batch["tokens"][b][1:82])
+    assert not batch["infill_mask"][b][:82].any()
+    np.testing.assert_array_equal(batch["infill_mask"][b][82:], [c != "0" for c in puzzle])
+  held = batch["infill_mask"][:, 82:] != 0
+  clean = batch["tokens"][:, 82:]
+
+  real_decode, seen = Transformer.decode, {}
+
+  def spy(module, tokens, *args, **kwargs):
+    logits = real_decode(module, tokens, *args, **kwargs)
+    jax.debug.callback(lambda t, l: seen.update(tokens=np.asarray(t), logits=np.asarray(l, np.float64)),
+                       tokens, logits)  # (decode runs traced)
+    return logits
+
+  monkeypatch.setattr(Transformer, "decode", spy)
+  loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
+  jbatch = {k: jnp.asarray(v) for k, v in batch.items()}
+  params = random_params(model_cfg)
+  noised_blanks = 0
+  for seed in range(3):
+    _, metrics = diffusion.diffusion_loss(params, jbatch, jax.random.PRNGKey(seed), model_cfg=model_cfg,
+                                          loss_cfg=loss_cfg)
+    np.testing.assert_array_equal(seen["tokens"][held], clean[held])   # givens: clean at every t
+    noised_blanks += int((seen["tokens"][~held] != clean[~held]).sum())
+    logp = seen["logits"] - np.log(np.exp(seen["logits"]).sum(-1, keepdims=True))
+    ce = -np.take_along_axis(logp, clean[..., None], -1)[..., 0]
+    assert float(metrics["canvas_tokens"]) == (~held).sum()
+    np.testing.assert_allclose(float(metrics["canvas_loss"]), ce[~held].mean(), rtol=1e-5)
+  assert noised_blanks > 0
+
+  config.diffusion.objective = "ar"
+  with pytest.raises(ConfigError, match="data.sudoku.infill_givens: holds canvas cells of a diffusion run"):
+    pipeline.validate_data_config(config)
+
+
 def _slow_metrics(records):
   """Recomputes the metrics from the written predictions with plain loops."""
   solved = correct = blank_total = blank_correct = 0
@@ -338,6 +393,17 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
                         keep=[(solution, held) for _, solution in rows])  # the repair round's program
   for out_text, (_, solution) in zip(held_out, rows):
     assert [out_text[i] for i in np.flatnonzero(held)] == [solution[i] for i in np.flatnonzero(held)]
+  # A run trained with data.sudoku.infill_givens holds every given, as its training did (the random
+  # model alone does not keep them); with `keep` too, the givens are written over the held text.
+  assert not all(r["givens_kept"] for r in records)
+  givens_config = config_lib.from_json((workdir / "config.json").read_text())
+  givens_config.data.sudoku.infill_givens = True
+  for keep in (None, [(SOLUTION[::-1], np.ones(81, bool))] * 2):
+    outs = real_solve(givens_config, model_cfg, state.params, [p for p, _ in rows], batch_size=2, keep=keep)
+    for out_text, (puzzle, _) in zip(outs, rows):
+      assert all(o == c for o, c in zip(out_text, puzzle) if c != "0")
+      if keep is not None:  # the rest of the held text stays as held
+        assert all(o == h for o, h, c in zip(out_text, SOLUTION[::-1], puzzle) if c == "0")
 
 
 def test_conflict_cells_and_held_cells_in_the_sampler():

@@ -20,6 +20,10 @@ context (the prompt) and the last 81 the canvas (diffusion.canvas_len = 81). Wit
 `data.sudoku.augment`, each training row is first mapped by a random validity-preserving symmetry
 (digit relabelling, band / stack permutations, row / column permutations inside them, transpose),
 drawn from (seed, position in the stream): the same puzzle is seen in many forms, deterministically.
+With `data.sudoku.infill_givens`, rows also carry `infill_mask` (1 on the canvas cells whose digit the
+puzzle gives): the diffusion loss keeps those cells clean at every noise level and does not score them
+(dgemma/diffusion.py), and eval.sudoku holds them with the sampler's infilling, so the model only ever
+denoises the blanks, reading the givens from the canvas itself as well as from the prompt.
 """
 
 from __future__ import annotations
@@ -293,6 +297,9 @@ def validate_config(config) -> None:
        f"data.source='sudoku' rows are BOS + 81 puzzle + 81 solution digits = {ROW_LEN} tokens, got {data.seq_len}")
   need(config.diffusion.canvas_len == NUM_CELLS, "diffusion.canvas_len",
        f"data.source='sudoku' denoises the 81-digit solution as one canvas, got {config.diffusion.canvas_len}")
+  need(not (infill_givens(config) and config.diffusion.objective == "ar"), "data.sudoku.infill_givens",
+       "holds canvas cells of a diffusion run; the autoregressive baseline (diffusion.objective='ar') has no "
+       "canvas: set it False")
   need(0 <= s.min_blanks <= s.max_blanks <= 64, "data.sudoku.min_blanks",
        f"need 0 <= min_blanks <= max_blanks <= 64, got {s.min_blanks}..{s.max_blanks}")
   for split, csv_field, num_field in (("train", "train_csv", "num_train"),
@@ -303,6 +310,16 @@ def validate_config(config) -> None:
     else:
       need(int(s[num_field]) > 0, f"data.sudoku.{num_field}",
            f"must be positive when data.sudoku.{csv_field} is empty (puzzles are generated), got {s[num_field]}")
+
+
+def infill_givens(config) -> bool:
+  """data.sudoku.infill_givens (False for runs saved before the setting existed)."""
+  return bool(config.data.sudoku.get("infill_givens", False))
+
+
+def givens_mask(puzzle: str) -> np.ndarray:
+  """bool[81]: the cells the puzzle gives (not '0')."""
+  return np.asarray([c != "0" for c in puzzle], bool)
 
 
 def _split_rows(config, split: str) -> tuple[list[tuple[str, str]], str]:
@@ -352,12 +369,14 @@ def row_tokens(puzzle: str, solution: str, tokenizer) -> np.ndarray:
 
 
 class _MakeRow:
-  """(stream index, {'puzzle', 'solution'}) -> {'tokens', 'segment_ids', 'positions'} int32[163]."""
+  """(stream index, {'puzzle', 'solution'}) -> {'tokens', 'segment_ids', 'positions'} int32[163]
+  (+ 'infill_mask' with infill_givens: 1 on the canvas cells the puzzle gives)."""
 
-  def __init__(self, tokenizer, augment: bool, seed: int):
+  def __init__(self, tokenizer, augment: bool, seed: int, infill: bool = False):
     self._tokenizer = tokenizer
     self._augment = augment
     self._seed = seed
+    self._infill = infill
 
   def __call__(self, index: int, example: dict[str, Any]) -> dict[str, np.ndarray]:
     puzzle, solution = example["puzzle"], example["solution"]
@@ -366,8 +385,11 @@ class _MakeRow:
       puzzle = format_grid(apply_symmetry(parse_grid(puzzle), perm, digit_map))
       solution = format_grid(apply_symmetry(parse_grid(solution), perm, digit_map))
     tokens = row_tokens(puzzle, solution, self._tokenizer)
-    return {"tokens": tokens, "segment_ids": np.ones((ROW_LEN,), np.int32),
-            "positions": np.arange(ROW_LEN, dtype=np.int32)}
+    row = {"tokens": tokens, "segment_ids": np.ones((ROW_LEN,), np.int32),
+           "positions": np.arange(ROW_LEN, dtype=np.int32)}
+    if self._infill:
+      row["infill_mask"] = np.concatenate([np.zeros(CONTEXT_LEN, np.int32), givens_mask(puzzle).astype(np.int32)])
+    return row
 
 
 def make_iterator(config, prepared, split: str, *, shard_index: int, shard_count: int, seed: int,
@@ -387,7 +409,8 @@ def make_iterator(config, prepared, split: str, *, shard_index: int, shard_count
     dataset = dataset.shuffle(seed % 2**32)
   dataset = dataset.repeat(None if num_epochs == 0 else num_epochs)
   augment = bool(config.data.sudoku.augment) and split == "train"
-  rows = dataset.map_with_index(_MakeRow(prepared.tokenizer, augment, seed * max(shard_count, 1) + shard_index))
+  rows = dataset.map_with_index(_MakeRow(prepared.tokenizer, augment, seed * max(shard_count, 1) + shard_index,
+                                         infill=infill_givens(config)))
   batch_size = config.data.batch_size // shard_count
   batches = rows.to_iter_dataset().batch(batch_size, drop_remainder=False)
   batches = batches.map(pipeline._FillBatch(batch_size, prepared.tokenizer.pad_id))  # pylint: disable=protected-access
