@@ -7,6 +7,7 @@
   python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --set=max_denoising_steps=16
   python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --set=quantize=int8  # int8 / int4 weights
   python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --candidates=8   # generate and verify
+  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --probe=1,5,15,0  # hole-filling probe
 
 The run's own config.json gives the model and data settings. Diffusion runs decode each puzzle with
 `dgemma.sampling.generate` (the released entropy-bound sampler with re-noising of non-accepted cells by
@@ -22,6 +23,14 @@ passes is the prediction. This is a different decoding budget from one sample (u
 reported as its own variant `..._<retry>_verified_of_N` with `samples_drawn` and `solved_by_candidate`.
 `--retry=repair` instead holds the cells of the last sample that break no rule fixed (the sampler's
 infilling) and re-noises only the conflicting ones.
+
+Givens: `--hold_givens=yes` holds each puzzle's givens in the canvas (the sampler's infilling) for any
+diffusion run; the default ('run') does so exactly when the run was trained with data.sudoku.infill_givens.
+
+Probe (`--probe=1,5,15,0`, a diagnostic, not the benchmark): k random blank cells per puzzle are hidden
+(0 = all blanks), every other cell is held at the reference solution, and one decoder pass fills the
+holes (argmax). The accuracy on the hidden cells separates what the model knows from what the sampler
+makes of it; written to <checkpoint>/sudoku_probe.json.
 
 Metrics (every puzzle counts; a prediction with a non-digit or a missing cell is simply wrong there):
   solve_rate     fraction of puzzles whose prediction is a valid grid (every row, column and box holds
@@ -108,7 +117,7 @@ def sample_key(seed: int, index: int, candidate: int = 0) -> jax.Array:
 
 def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_size: int = 50,
                   seed: int | None = None, indices: Sequence[int] | None = None, candidate: int = 0,
-                  keep: Sequence[tuple[str, np.ndarray]] | None = None) -> list[str]:
+                  keep: Sequence[tuple[str, np.ndarray]] | None = None, hold_givens: bool | None = None) -> list[str]:
   """Decoded 81-character predictions (non-digits kept as '.'), one per puzzle, in order.
 
   Diffusion: `generate` with SamplerConfig.from_config(config) (config.sample); AR objective:
@@ -117,7 +126,8 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
   they pick the row's key (`sample_key`).
   keep: per puzzle, (81-character text, bool[81]) cells held fixed in the canvas (the sampler's
     infilling: never re-noised, not counted against the acceptance budget); diffusion runs only.
-    A run trained with data.sudoku.infill_givens also holds each puzzle's givens, as in training.
+  hold_givens: also hold each puzzle's givens in the canvas; None = as the run was trained
+    (data.sudoku.infill_givens).
   """
   tokenizer = tokenizers.ByteTokenizer()
   model = Transformer(model_cfg)
@@ -133,7 +143,11 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
   indices = np.arange(len(puzzles)) if indices is None else np.asarray(indices)
   if keep is not None and is_ar:
     raise ConfigError("keep: held cells need a diffusion run (the AR baseline decodes left to right)")
-  if sudoku.infill_givens(config) and not is_ar:  # the run was trained with its givens held (data.sudoku)
+  if hold_givens is None:  # as the run was trained (data.sudoku.infill_givens)
+    hold_givens = sudoku.infill_givens(config) and not is_ar
+  if hold_givens and is_ar:
+    raise ConfigError("--hold_givens: held cells need a diffusion run (the AR baseline decodes left to right)")
+  if hold_givens:
     givens = [(p, sudoku.givens_mask(p)) for p in puzzles]
     keep = givens if keep is None else [(_merge_held(t, m, p), m | g) for (t, m), (p, g) in zip(keep, givens)]
   if keep is not None:
@@ -194,7 +208,8 @@ RETRIES = ("resample", "repair")
 
 
 def solve_with_candidates(config, model_cfg, params, puzzles: Sequence[str], candidates: int, *,
-                          retry: str = "resample", batch_size: int = 50) -> tuple[list[str], list[int], int]:
+                          retry: str = "resample", batch_size: int = 50,
+                          hold_givens: bool | None = None) -> tuple[list[str], list[int], int]:
   """Generate and verify: up to `candidates` samples per puzzle, drawn in rounds; a puzzle whose
   sample passes the rules check (`sudoku.is_solution`: valid rows, columns, boxes and every given
   kept; the reference solution is never read) keeps it and leaves the later rounds. A puzzle no sample
@@ -203,7 +218,7 @@ def solve_with_candidates(config, model_cfg, params, puzzles: Sequence[str], can
   outside `conflict_cells` fixed and re-noises only the conflicting ones (infilling)."""
   if retry not in RETRIES:
     raise ConfigError(f"--retry: {retry!r} not in {RETRIES}")
-  texts = solve_puzzles(config, model_cfg, params, puzzles, batch_size=batch_size)
+  texts = solve_puzzles(config, model_cfg, params, puzzles, batch_size=batch_size, hold_givens=hold_givens)
   latest = list(texts)
   chosen, drawn = [0] * len(puzzles), len(puzzles)
   grids = [sudoku.parse_grid(p) for p in puzzles]
@@ -215,7 +230,7 @@ def solve_with_candidates(config, model_cfg, params, puzzles: Sequence[str], can
     if retry == "repair":
       keep = [(latest[i], ~conflict_cells(prediction_grid(latest[i]), grids[i])) for i in open_rows]
     again = solve_puzzles(config, model_cfg, params, [puzzles[i] for i in open_rows], batch_size=batch_size,
-                          indices=open_rows, candidate=c, keep=keep)
+                          indices=open_rows, candidate=c, keep=keep, hold_givens=hold_givens)
     drawn += len(open_rows)
     for i, text in zip(open_rows, again):
       latest[i] = text
@@ -226,9 +241,11 @@ def solve_with_candidates(config, model_cfg, params, puzzles: Sequence[str], can
 
 def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | None = None,
              predictions_path: str | None = None, batch_size: int = 50, limit: int = 0, step: int = -1,
-             candidates: int = 1, retry: str = "resample", print_fn=print) -> dict:
+             candidates: int = 1, retry: str = "resample", hold_givens: bool | None = None,
+             print_fn=print) -> dict:
   """Runs the benchmark; returns the metrics (also written next to the predictions).
-  candidates > 1: generate and verify (`solve_with_candidates`), a diffusion run only."""
+  candidates > 1: generate and verify (`solve_with_candidates`), a diffusion run only.
+  hold_givens: hold the givens in the canvas (None: as the run was trained, data.sudoku.infill_givens)."""
   config = _run_config(checkpoint)
   apply_sample_overrides(config, overrides or {})
   config_lib.validate(config)
@@ -247,13 +264,18 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
     rows = rows[:limit]
   config, model_cfg, params, step = _with_params(checkpoint, config, step)
   start = time.perf_counter()
+  is_ar = config.diffusion.objective == "ar"
+  if hold_givens is None:
+    hold_givens = sudoku.infill_givens(config) and not is_ar
   predictions, chosen, drawn = solve_with_candidates(config, model_cfg, params, [p for p, _ in rows], candidates,
-                                                     retry=retry, batch_size=batch_size)
+                                                     retry=retry, batch_size=batch_size, hold_givens=hold_givens)
   seconds = time.perf_counter() - start
   metrics, records = score([p for p, _ in rows], [s for _, s in rows], predictions)
   for record, c in zip(records, chosen):
     record["candidate"] = c
   variant = "ar_greedy" if config.diffusion.objective == "ar" else f"{config.sample.sampler}_renoise_{config.sample.renoise}"
+  if hold_givens:
+    variant += "_givens_held"
   if config.sample.quantize != "none":
     variant += f"_{config.sample.quantize}"
   if candidates > 1:
@@ -261,7 +283,7 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
     metrics.update(candidates=candidates, samples_drawn=drawn,
                    solved_by_candidate=[sum(1 for r, c in zip(records, chosen) if r["solved"] and c == k)
                                         for k in range(candidates)])
-  metrics.update(variant=variant, givens_held=sudoku.infill_givens(config) and config.diffusion.objective != "ar",
+  metrics.update(variant=variant, givens_held=bool(hold_givens),
                  checkpoint=str(checkpoint), step=int(step), puzzles=str(puzzles_csv),
                  seconds=round(seconds, 2), sample_overrides=dict(overrides or {}))
   out = Path(predictions_path or Path(checkpoint) / f"sudoku_predictions_{variant}.jsonl")
@@ -271,6 +293,53 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
            f"{metrics['cell_accuracy']:.4f}, blank accuracy {metrics['blank_accuracy']:.4f} on {len(rows)} puzzles "
            f"({seconds:.1f}s); predictions -> {out}")
   return metrics
+
+
+def probe_holes(config, model_cfg, params, rows: Sequence[tuple[str, str]], holes: Sequence[int], *, seed: int = 0,
+                batch_size: int = 50, hold_givens: bool | None = None) -> dict[int, float]:
+  """What the model knows, apart from the sampler: for each k in `holes`, k random blank cells of each
+  puzzle (0 or more than it has: all of them) are hidden and every other cell is held at the reference
+  solution (the sampler's infilling); one decoder pass, argmax. Returns {k: accuracy on the hidden cells}.
+  Cells are drawn from np.random.default_rng(seed), in puzzle order, k by k."""
+  probe_config = config.copy_and_resolve_references()
+  probe_config.sample.max_denoising_steps = 1
+  rng = np.random.default_rng(seed)
+  puzzles = [p for p, _ in rows]
+  out = {}
+  for k in holes:
+    keep, hidden = [], []
+    for puzzle, solution in rows:
+      blanks = np.flatnonzero(sudoku.parse_grid(puzzle) == 0)
+      cells = blanks if k <= 0 or k >= len(blanks) else rng.choice(blanks, size=k, replace=False)
+      held = np.ones(sudoku.NUM_CELLS, bool)
+      held[cells] = False
+      keep.append((solution, held))
+      hidden.append(cells)
+    texts = solve_puzzles(probe_config, model_cfg, params, puzzles, batch_size=batch_size, keep=keep,
+                          hold_givens=hold_givens)
+    hits = sum(int(texts[r][i] == rows[r][1][i]) for r, cells in enumerate(hidden) for i in cells)
+    out[int(k)] = hits / max(sum(len(c) for c in hidden), 1)
+  return out
+
+
+def probe(checkpoint: str, puzzles_csv: str, holes: Sequence[int], *, overrides: dict[str, Any] | None = None,
+          batch_size: int = 50, limit: int = 0, step: int = -1, hold_givens: bool | None = None,
+          print_fn=print) -> dict:
+  """`probe_holes` on a run and a CSV; writes <checkpoint>/sudoku_probe.json and returns it."""
+  config = _run_config(checkpoint)
+  apply_sample_overrides(config, overrides or {})
+  config_lib.validate(config)
+  if config.diffusion.objective == "ar":
+    raise ConfigError("--probe: needs a diffusion run (holes are filled in one denoising pass)")
+  rows = sudoku.read_csv(puzzles_csv)
+  rows = rows[:limit] if limit > 0 else rows
+  config, model_cfg, params, step = _with_params(checkpoint, config, step)
+  accuracy = probe_holes(config, model_cfg, params, rows, holes, batch_size=batch_size, hold_givens=hold_givens)
+  result = dict(checkpoint=str(checkpoint), step=int(step), puzzles=str(puzzles_csv), num_puzzles=len(rows),
+                hidden_cell_accuracy={str(k): v for k, v in accuracy.items()})
+  checkpointing.write_text_atomic(Path(checkpoint) / "sudoku_probe.json", json.dumps(result, indent=2) + "\n")
+  print_fn(json.dumps(result))
+  return result
 
 
 def _with_params(checkpoint, config, step):
@@ -331,14 +400,26 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--retry", default="resample", choices=RETRIES,
                       help="--candidates > 1: 'resample' afresh, or 'repair' (keep the last sample's "
                            "non-conflicting cells, re-noise the conflicting ones)")
+  parser.add_argument("--hold_givens", default="run", choices=("run", "yes", "no"),
+                      help="hold each puzzle's givens in the canvas (the sampler's infilling): 'run' = as the run "
+                           "was trained (data.sudoku.infill_givens)")
+  parser.add_argument("--probe", default="",
+                      help="diagnostic instead of solving: comma-separated hole counts k (0 = all blanks); k blank "
+                           "cells hidden, the rest held at the reference solution, one decoder pass; prints the "
+                           "argmax accuracy on the hidden cells and writes <checkpoint>/sudoku_probe.json")
   args = parser.parse_args(argv)
   overrides = _parse_set(args.set)
+  hold_givens = None if args.hold_givens == "run" else args.hold_givens == "yes"
   if args.renoise is not None:
     overrides["renoise"] = args.renoise
   try:
+    if args.probe:
+      probe(args.checkpoint, args.puzzles, [int(k) for k in args.probe.split(",")], overrides=overrides,
+            batch_size=args.batch_size, limit=args.limit, step=args.step, hold_givens=hold_givens)
+      return
     evaluate(args.checkpoint, args.puzzles, overrides=overrides, predictions_path=args.predictions,
              batch_size=args.batch_size, limit=args.limit, step=args.step, candidates=args.candidates,
-             retry=args.retry)
+             retry=args.retry, hold_givens=hold_givens)
   except (ConfigError, FileNotFoundError, ValueError) as e:
     sys.exit(f"eval.sudoku: {e}")
 

@@ -301,6 +301,13 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     assert metrics[key] == pytest.approx(slow[key], abs=1e-12), key
   assert json.loads(out.with_suffix(".metrics.json").read_text())["solve_rate"] == metrics["solve_rate"]
   assert metrics["variant"] == "released_renoise_non_accepted" and metrics["num_puzzles"] == 2
+  assert metrics["givens_held"] is False
+  # --hold_givens=yes on a run trained without: every given comes out as given, as its own variant.
+  held_out_path = tmp_path / "held.jsonl"
+  h_metrics = eval_sudoku.evaluate(str(workdir), str(puzzles_csv), predictions_path=str(held_out_path),
+                                   batch_size=2, hold_givens=True, print_fn=lambda *_: None)
+  assert h_metrics["variant"] == "released_renoise_non_accepted_givens_held" and h_metrics["givens_held"] is True
+  assert all(json.loads(line)["givens_kept"] for line in held_out_path.read_text().splitlines())
 
   # The ablation runner's metric: the run's validation puzzles (here the same 2), same sampler -> same numbers.
   run_config = config_lib.from_json((workdir / "config.json").read_text())
@@ -404,6 +411,41 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
       assert all(o == c for o, c in zip(out_text, puzzle) if c != "0")
       if keep is not None:  # the rest of the held text stays as held
         assert all(o == h for o, h, c in zip(out_text, SOLUTION[::-1], puzzle) if c == "0")
+
+
+def test_probe_hides_k_blank_cells_and_holds_the_rest(tmp_path, monkeypatch):
+  """eval.sudoku --probe: per k, exactly k blank cells (all of them for k = 0) are left open, every
+  other cell is held at the reference solution, one denoising step; the accuracy is counted on the
+  open cells only. The real solver runs (random model); a spy records what it was asked."""
+  from tests.model_utils import save_random_run
+  from eval import sudoku as eval_sudoku
+  rows = sudoku.generate(2, 30, 35, seed=11)
+  puzzles_csv = tmp_path / "puzzles.csv"
+  sudoku.write_csv(puzzles_csv, rows)
+  workdir = tmp_path / "run"
+  save_random_run(sudoku_config(tmp_path, puzzles_csv, puzzles_csv), workdir)
+  real_solve, calls = eval_sudoku.solve_puzzles, []
+
+  def spy(config, model_cfg, params, puzzles, *, keep=None, **kw):
+    texts = real_solve(config, model_cfg, params, puzzles, keep=keep, **kw)
+    calls.append((int(config.sample.max_denoising_steps), keep, texts))
+    return texts
+
+  monkeypatch.setattr(eval_sudoku, "solve_puzzles", spy)
+  result = eval_sudoku.probe(str(workdir), str(puzzles_csv), [1, 3, 0], batch_size=2, print_fn=lambda *_: None)
+  assert [c[0] for c in calls] == [1, 1, 1]
+  for (_, keep, texts), k in zip(calls, (1, 3, 0)):
+    hits = total = 0
+    for (puzzle, solution), (held_text, held), text in zip(rows, keep, texts):
+      open_cells = np.flatnonzero(~held)
+      blanks = [i for i, c in enumerate(puzzle) if c == "0"]
+      assert len(open_cells) == (len(blanks) if k == 0 else k) and set(open_cells) <= set(blanks)
+      assert held_text == solution
+      assert all(text[i] == solution[i] for i in np.flatnonzero(held))   # held cells come out as held
+      hits += sum(text[i] == solution[i] for i in open_cells)
+      total += len(open_cells)
+    assert result["hidden_cell_accuracy"][str(k)] == pytest.approx(hits / total)
+  assert json.loads((workdir / "sudoku_probe.json").read_text()) == result
 
 
 def test_conflict_cells_and_held_cells_in_the_sampler():
