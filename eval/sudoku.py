@@ -143,8 +143,7 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
   indices = np.arange(len(puzzles)) if indices is None else np.asarray(indices)
   if keep is not None and is_ar:
     raise ConfigError("keep: held cells need a diffusion run (the AR baseline decodes left to right)")
-  if hold_givens is None:  # as the run was trained (data.sudoku.infill_givens)
-    hold_givens = sudoku.infill_givens(config) and not is_ar
+  hold_givens = holds_givens(config, hold_givens)
   if hold_givens and is_ar:
     raise ConfigError("--hold_givens: held cells need a diffusion run (the AR baseline decodes left to right)")
   if hold_givens:
@@ -173,6 +172,14 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
     tokens = np.asarray(jax.device_get(tokens))[:n]
     texts.extend(_decode_cells(row, tokenizer) for row in tokens)
   return texts
+
+
+def holds_givens(config, hold_givens: bool | None) -> bool:
+  """Whether the givens are held in the canvas: `hold_givens`, or None = as the run was trained
+  (data.sudoku.infill_givens; never for the AR baseline)."""
+  if hold_givens is None:
+    return sudoku.infill_givens(config) and config.diffusion.objective != "ar"
+  return bool(hold_givens)
 
 
 def _merge_held(text: str, mask: np.ndarray, puzzle: str) -> str:
@@ -264,9 +271,7 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
     rows = rows[:limit]
   config, model_cfg, params, step = _with_params(checkpoint, config, step)
   start = time.perf_counter()
-  is_ar = config.diffusion.objective == "ar"
-  if hold_givens is None:
-    hold_givens = sudoku.infill_givens(config) and not is_ar
+  hold_givens = holds_givens(config, hold_givens)
   predictions, chosen, drawn = solve_with_candidates(config, model_cfg, params, [p for p, _ in rows], candidates,
                                                      retry=retry, batch_size=batch_size, hold_givens=hold_givens)
   seconds = time.perf_counter() - start
