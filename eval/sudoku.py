@@ -99,6 +99,14 @@ def _run_config(checkpoint: str):
   return config_lib.from_json(path.read_text())
 
 
+def _configured_run(checkpoint: str, overrides: dict[str, Any] | None):
+  """The run's config.json with the sample overrides applied, validated (before loading any weights)."""
+  config = _run_config(checkpoint)
+  apply_sample_overrides(config, overrides or {})
+  config_lib.validate(config)
+  return config
+
+
 def apply_sample_overrides(config, overrides: dict[str, Any]) -> None:
   """Sets config.sample.<name> = value for each override (unknown names are rejected)."""
   for name, value in overrides.items():
@@ -141,11 +149,9 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
     check_request(sampler_cfg, batch=batch_size, prompt_len=sudoku.CONTEXT_LEN, max_new_tokens=sudoku.NUM_CELLS)
   lengths = np.full((batch_size,), sudoku.CONTEXT_LEN, np.int32)
   indices = np.arange(len(puzzles)) if indices is None else np.asarray(indices)
-  if keep is not None and is_ar:
-    raise ConfigError("keep: held cells need a diffusion run (the AR baseline decodes left to right)")
   hold_givens = holds_givens(config, hold_givens)
-  if hold_givens and is_ar:
-    raise ConfigError("--hold_givens: held cells need a diffusion run (the AR baseline decodes left to right)")
+  if is_ar and (keep is not None or hold_givens):
+    raise ConfigError("keep / --hold_givens: held cells need a diffusion run (the AR baseline decodes left to right)")
   if hold_givens:
     givens = [(p, sudoku.givens_mask(p)) for p in puzzles]
     keep = givens if keep is None else [(_merge_held(t, m, p), m | g) for (t, m), (p, g) in zip(keep, givens)]
@@ -253,9 +259,7 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
   """Runs the benchmark; returns the metrics (also written next to the predictions).
   candidates > 1: generate and verify (`solve_with_candidates`), a diffusion run only.
   hold_givens: hold the givens in the canvas (None: as the run was trained, data.sudoku.infill_givens)."""
-  config = _run_config(checkpoint)
-  apply_sample_overrides(config, overrides or {})
-  config_lib.validate(config)
+  config = _configured_run(checkpoint, overrides)
   if candidates < 1:
     raise ConfigError(f"--candidates must be >= 1, got {candidates}")
   if retry not in RETRIES:
@@ -331,9 +335,7 @@ def probe(checkpoint: str, puzzles_csv: str, holes: Sequence[int], *, overrides:
           batch_size: int = 50, limit: int = 0, step: int = -1, hold_givens: bool | None = None,
           print_fn=print) -> dict:
   """`probe_holes` on a run and a CSV; writes <checkpoint>/sudoku_probe.json and returns it."""
-  config = _run_config(checkpoint)
-  apply_sample_overrides(config, overrides or {})
-  config_lib.validate(config)
+  config = _configured_run(checkpoint, overrides)
   if config.diffusion.objective == "ar":
     raise ConfigError("--probe: needs a diffusion run (holes are filled in one denoising pass)")
   rows = sudoku.read_csv(puzzles_csv)

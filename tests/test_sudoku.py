@@ -308,6 +308,11 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
                                    batch_size=2, hold_givens=True, print_fn=lambda *_: None)
   assert h_metrics["variant"] == "released_renoise_non_accepted_givens_held" and h_metrics["givens_held"] is True
   assert all(json.loads(line)["givens_kept"] for line in held_out_path.read_text().splitlines())
+  ar_config = config_lib.from_json((workdir / "config.json").read_text())
+  ar_config.diffusion.objective = "ar"
+  for held in (dict(hold_givens=True), dict(keep=[(SOLUTION, np.ones(81, bool))] * 2)):
+    with pytest.raises(ConfigError, match="held cells need a diffusion run"):
+      eval_sudoku.solve_puzzles(ar_config, model_cfg, state.params, [p for p, _ in rows], batch_size=2, **held)
 
   # The ablation runner's metric: the run's validation puzzles (here the same 2), same sampler -> same numbers.
   run_config = config_lib.from_json((workdir / "config.json").read_text())
