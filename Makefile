@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 REPORT ?= report
 
-.PHONY: venv demo test data bench clean
+.PHONY: venv demo test test-fast data bench clean
 
 $(VENV)/.installed: requirements.txt requirements-test.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,16 +18,19 @@ $(VENV)/.installed: requirements.txt requirements-test.txt pyproject.toml
 venv: $(VENV)/.installed
 
 data: venv
-	$(PY) -m dgemma.data.prepare --config=configs/demo.py
+	$(PY) -m dgemma.tools.prepare_data --config=configs/demo.py
 
 demo: venv data
 	$(PY) train.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR)
 	$(PY) sample.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR) \
 	  --config.sample.trajectory_html=$(REPORT)/trajectory.html
-	$(PY) -m dgemma.report --workdir=$(DEMO_WORKDIR) --out=$(REPORT)
+	$(PY) -m dgemma.tools.report --workdir=$(DEMO_WORKDIR) --out=$(REPORT)
 
-test: venv
+test: venv  # everything, the slow tier included (what CI runs)
 	$(PY) -m pytest -q -n 2 tests
+
+test-fast: venv  # the edit loop: no subprocesses, 8-device runs, notebooks or torch parity (tests/conftest.py)
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
 bench: venv  # the CPU benchmarks of docs/benchmarks.md (bench/gpu_full_model.py needs a GPU)
 	$(PY) bench/train_throughput.py --config=configs/demo.py

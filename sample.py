@@ -1,53 +1,53 @@
-"""Samples from a trained run with the DiffusionGemma sampler (jitted lax.scan / while_loop denoising).
+"""Samples from any checkpoint with the DiffusionGemma sampler (or the AR decoder for an AR model).
 
-  python sample.py --workdir=workdirs/demo
-  python sample.py --config=configs/demo.py --workdir=workdirs/demo --config.sample.prompt="ROMEO:" \
+  python sample.py --checkpoint=workdirs/demo                        # a training run (also: --workdir=...)
+  python sample.py --checkpoint=/ckpts/dgemma --prompts=prompts.txt --out=samples.jsonl   # converted weights
+  python sample.py --checkpoint=/hf/diffusiongemma-26B-A4B-it --chat --prompts=chats.jsonl  # an HF directory
+  python sample.py --config=configs/demo.py --checkpoint=workdirs/demo --config.sample.prompt="ROMEO:" \\
       --config.sample.num_samples=4 --steps=32 --seed=1 --temperature=0.6
 
   # watch the canvases being denoised (ANSI redraw per step; accepted tokens bold green):
-  python sample.py --config=configs/demo.py --workdir=workdirs/demo --config.sample.show=live
+  python sample.py --config=configs/demo.py --checkpoint=workdirs/demo --config.sample.show=live
   # ablation: uniform-state ancestral sampling from the posterior (configs/base.py, `sample` block)
-  python sample.py --config=configs/demo.py --workdir=workdirs/demo --config.sample.sampler=ancestral \
+  python sample.py --config=configs/demo.py --checkpoint=workdirs/demo --config.sample.sampler=ancestral \\
       --config.sample.alpha_schedule=loglinear
 
-The architecture comes from the run's saved config.json; --config (optional) supplies the `sample`
-settings and the device mesh (`mesh`; default cpu_host): e.g. rows over data and experts over expert
-
-  python sample.py --config=configs/demo.py --workdir=workdirs/demo --config.sample.num_samples=8 \
-      --config.mesh.shape.data=2 --config.mesh.shape.expert=4   # on 8 devices
-
-(experts exchange tokens by all-to-all when the run has model.moe_impl='expert_parallel').
---steps / --seed / --temperature are shorthands for sample.max_denoising_steps,
-sample.seed and a constant temperature (sample.t_max = sample.t_min). Bad settings (unknown names,
-steps <= 0, a prompt that does not fit sample.max_context, ...) fail before the checkpoint is read.
-Each sample reports its decoder passes and tokens per pass.
+--checkpoint is a training workdir, a params checkpoint (python -m dgemma.tools.convert), an adapter or a
+Hugging Face directory (dgemma/checkpoints/). A run's architecture and tokenizer come from the run itself;
+--config (optional) supplies the `sample`, `eval` and `mesh` settings (and, for checkpoints that carry no
+run config, the rest). --prompts: a .txt file (one prompt a line) or .jsonl (`prompt` or `messages`);
+default sample.prompt, sample.num_samples times. --chat renders prompts as chat turns (Gemma 4 turn format).
+--out writes one JSON record per prompt (prompt, text, decoder_passes, tokens_per_pass, seconds).
+--steps / --seed / --temperature are shorthands for sample.max_denoising_steps, sample.seed and a constant
+temperature (sample.t_max = sample.t_min). Bad settings fail before the checkpoint is read.
 """
-
-import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from dgemma import sample_lib
-from dgemma.model.config import ConfigError
+from dgemma import api
+from dgemma.tools import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config whose `sample` group to use (optional).",
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config whose `sample` (and `mesh`) group to use (optional).",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir (checkpoints + config.json).", required=True)
-_STEPS = flags.DEFINE_integer("steps", None, "Max denoising steps per canvas.")
-_SEED = flags.DEFINE_integer("seed", None, "Sampling seed.")
-_TEMPERATURE = flags.DEFINE_float("temperature", None, "Constant sampling temperature.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "A training workdir, params checkpoint, adapter or HF directory.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (the same as --checkpoint).")
+_PROMPTS = flags.DEFINE_string("prompts", None, "Prompts file: .txt (one per line) or .jsonl ('prompt' / 'messages').")
+_OUT = flags.DEFINE_string("out", None, "Write one JSON record per prompt here (.jsonl).")
+_CHAT = flags.DEFINE_bool("chat", False, "Render prompts as chat turns (instruction-tuned checkpoints).")
+_STEPS = flags.DEFINE_integer("steps", None, "Max denoising steps per canvas (sample.max_denoising_steps).")
+_SEED = flags.DEFINE_integer("seed", None, "Sampling seed (sample.seed).")
+_TEMPERATURE = flags.DEFINE_float("temperature", None, "Constant sampling temperature (sample.t_max = sample.t_min).")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  try:
-    sample_lib.sample_from_workdir(_WORKDIR.value, _CONFIG.value, steps=_STEPS.value, seed=_SEED.value,
-                                   temperature=_TEMPERATURE.value)
-  except ConfigError as e:  # a bad setting: its message names the key; no traceback
-    sys.exit(f"sample.py: {e}")
+  cli.no_extra_args(argv)
+  if bool(_CHECKPOINT.value) == bool(_WORKDIR.value):
+    raise app.UsageError("pass one of --checkpoint or --workdir")
+  api.sample_command(_CHECKPOINT.value or _WORKDIR.value, cli.config(_CONFIG), prompts_file=_PROMPTS.value,
+                     out=_OUT.value, chat=_CHAT.value, steps=_STEPS.value, seed=_SEED.value,
+                     temperature=_TEMPERATURE.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, "sample.py", user_errors=(ValueError,))

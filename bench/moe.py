@@ -1,10 +1,11 @@
-"""The MoE layer's ragged, dense and capacity paths vs a dense GeGLU FFN of equal ACTIVE size.
+"""The MoE layer's ragged, dense, capacity and tokamax paths vs a dense GeGLU FFN of equal ACTIVE size.
 
-  .venv/bin/python bench/moe.py [--reps=3]
+  .venv/bin/python bench/moe.py [--reps=3] [--sizes=small,larger]
 
 `dgemma.model.moe.MoE` (router + experts) with cfg.moe_impl = 'ragged' (tokens sorted by expert,
-`jax.lax.ragged_dot`), 'dense' (every expert on every token) and 'capacity' (per-expert slabs of
---capacity_factor x the mean load, batched matmuls, ragged fallback on overflow), and `layers.GeGLU` with hidden =
+`jax.lax.ragged_dot`), 'dense' (every expert on every token), 'capacity' (per-expert slabs of
+--capacity_factor x the mean load, batched matmuls, ragged fallback on overflow) and 'tokamax' (the ragged
+sorting on `tokamax.ragged_dot`: its XLA implementation on CPU), and `layers.GeGLU` with hidden =
 top_k * expert_hidden (the FLOPs a token really needs), at two sizes: the `small` preset and a larger
 layer. Forward and forward+backward (grads of params and input), jitted, compile excluded. The
 variants are timed interleaved in one process (rounds of: each variant once), so machine load hits
@@ -32,11 +33,12 @@ from dgemma.model.moe import MoE
 _REPS = flags.DEFINE_integer("reps", 3, "Interleaved rounds (each round times every variant).")
 _MIN_TIME = flags.DEFINE_float("min_time", 0.3, "Seconds each timing spans at least (calls are repeated).")
 _CAPACITY = flags.DEFINE_float("capacity_factor", 2.0, "moe_impl='capacity' variant: rows per expert / mean load.")
+_SIZES = flags.DEFINE_list("sizes", ["small", "larger"], "Which layer sizes to time: 'small' (preset), 'larger'.")
 
 # (label, d_model, num_experts, top_k, expert_hidden, tokens)
 _SMALL = small.get_config()
 SIZES = (
-    ("small preset", _SMALL.d_model, _SMALL.num_experts, _SMALL.experts_per_token, _SMALL.expert_hidden, 2048),
+    ("small", _SMALL.d_model, _SMALL.num_experts, _SMALL.experts_per_token, _SMALL.expert_hidden, 2048),
     ("larger", 512, 16, 2, 512, 4096),
 )
 
@@ -56,7 +58,7 @@ def build(label: str, D: int, E: int, k: int, F: int, T: int):
   ct_1TD = jnp.asarray(g.normal(0, 1, (1, T, D)), jnp.float32)
   valid_1T = jnp.ones((1, T), bool)
   modules = {}
-  for impl, factor in (("ragged", None), ("dense", None), ("capacity", _CAPACITY.value)):
+  for impl, factor in (("ragged", None), ("dense", None), ("capacity", _CAPACITY.value), ("tokamax", None)):
     cfg_d = base.copy_and_resolve_references()
     cfg_d.moe_impl = impl
     if factor is not None:
@@ -108,10 +110,13 @@ def main(argv):
   print(f"devices: {jax.devices()[0].platform} x{jax.device_count()}, float32; "
         f"capacity factor {_CAPACITY.value:g}")
   for label, D, E, k, F, T in SIZES:
+    if label not in _SIZES.value:
+      continue
     variants = build(label, D, E, k, F, T)
     med = measure(variants, _REPS.value, _MIN_TIME.value)
     ref = "GeGLU (k*Fe)"
-    print(f"\n{label}: d={D}, {E} experts top-{k}, expert hidden {F} (GeGLU hidden {k * F}), {T} tokens")
+    title = "small preset" if label == "small" else label
+    print(f"\n{title}: d={D}, {E} experts top-{k}, expert hidden {F} (GeGLU hidden {k * F}), {T} tokens")
     print(f"{'variant':<14} {'fwd ms':>8} {'x GeGLU':>8} {'fwd+bwd ms':>11} {'x GeGLU':>8} "
           f"{'XLA GFLOP fwd':>14} {'fwd+bwd':>8}")
     for n, (_, _, (ff, fb)) in variants.items():

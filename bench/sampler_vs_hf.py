@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from absl import app, flags
 
-from dgemma.hf import load_hf_checkpoint
+from dgemma.checkpoints.hf import load_hf_checkpoint
 from dgemma.model import Transformer
 from dgemma.sampling import SamplerConfig, generate
 from dgemma.sampling.autoregressive import ar_generate

@@ -19,10 +19,10 @@ import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
-from dgemma import config as config_lib
-from dgemma import diffusion, trainer
-from dgemma.data import pipeline
+from dgemma import data, mesh as mesh_lib
+from dgemma import settings as settings_lib
 from dgemma.model import count_params
+from dgemma.train import optimizer as optimizer_lib, state as state_lib, step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Experiment config.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")
@@ -42,15 +42,15 @@ def matmul_gflops(n: int = 2048, reps: int = 10) -> float:
 def main(argv):
   del argv
   config = _CONFIG.value
-  model_cfg = config_lib.validate(config)
-  mesh = trainer.make_mesh(config.mesh)
-  optimizer = trainer.make_optimizer(config.opt, config.train.num_steps)
-  loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
-  step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, trainer.make_schedule(config.opt, 10)),
-                 donate_argnums=(0,))
-  prepared = pipeline.prepare(config)
-  batch = jax.device_put(next(pipeline.make_iterator(config, prepared, "train")))
-  state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
+  settings = settings_lib.from_config(config)
+  model_cfg = settings.model
+  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
+  step = jax.jit(step_lib.make_train_step(model_cfg, settings.diffusion, optimizer,
+                                          optimizer_lib.make_schedule(settings.opt, 10)), donate_argnums=(0,))
+  prepared = data.prepare(settings)
+  batch = jax.device_put(next(data.make_iterator(settings, prepared, "train")))
+  state, _ = state_lib.create_train_state(model_cfg, mesh, settings.mesh.axis_rules, optimizer, jax.random.PRNGKey(0))
   rng = jax.random.PRNGKey(1)
   t0 = time.perf_counter()
   state, m = step(state, batch, rng)

@@ -2,7 +2,7 @@
 with the diffusion objective, keeping the encoder's next-token loss so causal mode is not forgotten.
 
   # 1. import the Hugging Face Gemma 4 text checkpoint (self-conditioning is freshly initialised):
-  python -m dgemma.convert --from_hf /path/to/gemma-4-hf --to /ckpts/gemma4_dgemma --dtype bfloat16
+  python -m dgemma.tools.convert --from_hf /path/to/gemma-4-hf --to /ckpts/gemma4_dgemma --dtype bfloat16
   # 2. adapt on your text (the config argument after ':' is the converted checkpoint):
   python train.py --config=configs/adapt_from_gemma4.py:/ckpts/gemma4_dgemma --workdir=workdirs/adapt \
       --config.data.source=files --config.data.files="('corpus.jsonl',)" --config.opt.lr=5e-5

@@ -1,7 +1,7 @@
 """Every key the dgemma code reads, with its default. Experiment configs start from this.
 
 Not meant to be run directly (its model is the full 26B trunk); see configs/demo.py and
-configs/tiny_test.py. `dgemma.config.validate` rejects keys that are not defined here.
+configs/tiny_test.py. `dgemma.settings.from_config` rejects keys that are not defined here.
 """
 
 import ml_collections
@@ -31,6 +31,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.batch_size = 8             # global batch
   config.data.shuffle = True
   config.data.num_epochs = 0             # 0 = repeat forever
+  config.data.encoding_errors = "strict"  # invalid UTF-8 in data files: 'strict' (an error naming the file and
+                                         # line) | 'replace' (U+FFFD for each bad byte)
   config.data.tokenizer = ml_collections.ConfigDict()
   config.data.tokenizer.kind = "sentencepiece"  # 'sentencepiece' (trained here) | 'byte' | 'file'
   config.data.tokenizer.vocab_size = 8192
@@ -38,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Sudoku (data.source == 'sudoku', dgemma/data/sudoku.py): fixed rows [BOS, 81 puzzle digits | 81 solution
   # digits] (needs tokenizer.kind='byte', seq_len=163, diffusion.canvas_len=81); eval: python -m eval.sudoku.
   config.data.sudoku = ml_collections.ConfigDict()
-  config.data.sudoku.train_csv = ""      # puzzle,solution CSV (python -m dgemma.data.sudoku); "" = generate
+  config.data.sudoku.train_csv = ""      # puzzle,solution CSV (python -m dgemma.tools.sudoku_csv); "" = generate
   config.data.sudoku.validation_csv = ""  # the same for the validation split; "" = generate
   config.data.sudoku.num_train = 2000    # puzzles generated (unique solutions) when train_csv is empty ...
   config.data.sudoku.num_validation = 200  # ... / validation_csv is empty; cached under data.cache_dir/sudoku
@@ -54,18 +56,20 @@ def get_config() -> ml_collections.ConfigDict:
   config.diffusion.t_eps = 1e-4          # t ~ U(t_eps, 1)
   config.diffusion.encoder_loss_weight = 1.0  # next-token CE on the encoder's causal logits (0 = off)
   config.diffusion.self_cond_prob = 0.5  # two-pass self-conditioning training: P(second pass sees pass-1 logits)
-  # Canvas objective (dgemma/objectives.py): 'base_ce' (released: plain CE at every canvas position) |
+  # Canvas objective (dgemma/diffusion/objectives.py): 'base_ce' (released: plain CE at every canvas position) |
   # 'reweighted_ce' (CE * min(-alpha'/alpha, reweight_cap) = 1/(1-t) for the linear schedule) |
   # 'loo_ce' / 'reweighted_loo_ce' (CE under softmax(f + log(1 + V alpha/(1-alpha)) onehot(x_t))) |
   # 'nelbo' (continuous-time uniform-state NELBO) | 'mdlm' (masked-diffusion baseline, tokens -> mask_id) |
   # 'ar' (baseline: causal next-token CE over the whole row, no canvas).
   config.diffusion.objective = "base_ce"
-  config.diffusion.schedule = "linear"   # alpha(t): 'linear' 1 - t (released) | 'cosine' cos(pi t / 2)
+  config.diffusion.schedule = "linear"   # alpha(t) (dgemma/diffusion/schedules.py): 'linear' 1 - t (released) |
+                                         # 'cosine' cos(pi t / 2) | 'loglinear' 1 - (1 - schedule_eps) t
+  config.diffusion.schedule_eps = 1e-3   # 'loglinear': alpha(1) = schedule_eps
   config.diffusion.reweight_cap = 10.0   # reweighted_*: cap on the time weight (reached at t = 1 - 1/cap)
   config.diffusion.mask_id = 4           # objective='mdlm': the mask token (Gemma MASK = 4); must be unused
   config.diffusion.antithetic_t = False  # t_b = eps + (1-eps) frac(u + b/B): low-variance t (NELBO eval)
 
-  # SFT data and block-causal multi-canvas training (dgemma/data/sft.py; dgemma/diffusion.py docstring).
+  # SFT data and block-causal multi-canvas training (dgemma/data/sft.py; dgemma/diffusion/loss.py docstring).
   config.data.format = "text"            # 'text' (packed documents) | 'sft' (.jsonl prompt/response or chat)
   config.data.prompt_field = "prompt"    # format='sft': .jsonl field of the prompt ...
   config.data.response_field = "response"  # ... and of the response
@@ -98,7 +102,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.keep_checkpoints = 3
   config.train.async_checkpointing = True
   config.train.progress_bar = True
-  config.train.init_from = ""            # dgemma params checkpoint (python -m dgemma.convert --to ...) to start from
+  config.train.init_from = ""            # params checkpoint (python -m dgemma.tools.convert --to ...) to start from
+  config.train.nonfinite = "halt"        # a non-finite loss, gradient norm or state: 'halt' (error naming the step;
+                                         # nothing non-finite is saved) | 'skip' (drop that update, count it in
+                                         # the metrics as nonfinite_skips, halt after max_nonfinite_skips in a row)
+  config.train.max_nonfinite_skips = 10
+  config.train.restore_step = -1         # resume from this step of the workdir's checkpoints (-1 = the latest)
+  config.train.on_corrupt_checkpoint = "fallback"  # a checkpoint that cannot be read on resume: 'fallback'
+                                         # (move it aside to WORKDIR/corrupt/, warn, restore the previous
+                                         # complete step) | 'error'
 
   # Fine-tuning (dgemma/finetune.py, dgemma/model/lora.py): which parameters train, LoRA adapters.
   config.finetune = ml_collections.ConfigDict()
@@ -149,8 +161,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.sample.renoise_confidence = 0.1  # renoise='low_confidence': re-noise a held token below this
   config.sample.top_k = 0                # logit shaping after the temperature (0 = off)
   config.sample.top_p = 1.0              # nucleus shaping (1.0 = off)
-  config.sample.alpha_schedule = "linear"  # sampler='ancestral': 'linear' alpha = 1 - t | 'loglinear'
-                                         # (MDLM/UDLM) alpha = exp(-sigma), sigma = -log(1 - (1 - eps) t)
+  config.sample.alpha_schedule = "linear"  # sampler='ancestral' / 'masked': a schedule of dgemma/diffusion/
+                                         # schedules.py ('linear' alpha = 1 - t | 'cosine' | 'loglinear' (MDLM/
+                                         # UDLM) alpha = exp(-sigma), sigma = -log(1 - (1 - eps) t))
   config.sample.schedule_eps = 1e-3      # eps of the 'loglinear' schedule (alpha(1) = eps)
   config.sample.greedy_last_step = True  # sampler='ancestral': last step takes argmax(x_theta)
   config.sample.infill = ()              # ((response position, token id), ...) held fixed in every row
@@ -158,6 +171,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.sample.checkpoint_step = -1     # -1 = latest
   config.sample.trajectory_html = ""     # write one denoising trajectory as HTML here
   config.sample.show = "none"            # 'none' | 'live': redraw the canvases in the terminal every step
+  config.sample.semantics = "hf"         # whose released sampler: 'hf' (transformers 5.24, the tested default) |
+                                         # 'official' (google-deepmind/gemma's JAX sampler: per-query sliding
+                                         # window, commits the last sampled canvas, bf16 self-conditioning
+                                         # embedding, its stopping rule; docs/model.md "Two references")
   # Weight-only quantization applied at load (dgemma/quant.py, quant.quantize_params): 'none' | 'int8'
   # (one scale per output channel) | 'int4' (one scale per quant_group_size inputs; 0 = per channel).
   config.sample.quantize = "none"
@@ -189,7 +206,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.out = ""                   # likelihood / samples: write the summary JSON here ('' = print only)
   config.eval.seed = 0                   # noise for the likelihood's t and z_t draws
 
-  # Device mesh (dgemma.trainer.make_mesh): a preset from configs/mesh/ (cpu_host | gpu8_expert |
+  # Device mesh (dgemma.mesh.make_mesh): a preset from configs/mesh/ (cpu_host | gpu8_expert |
   # tpu_slice) with keys `preset` (informational), `shape` (axis sizes of data, fsdp, expert, tensor;
   # -1 = all remaining devices) and `axis_rules` (logical axis -> mesh axes, params and activations).
   config.mesh = cpu_host.get_config()

@@ -2,7 +2,7 @@
 
   make demo
   # which runs:
-  python -m dgemma.data.prepare --config=configs/demo.py
+  python -m dgemma.tools.prepare_data --config=configs/demo.py
   python train.py --config=configs/demo.py --workdir=workdirs/demo
   python sample.py --config=configs/demo.py --workdir=workdirs/demo --config.sample.prompt="ROMEO:"
   # override anything from the command line, e.g. a longer run with a higher learning rate:

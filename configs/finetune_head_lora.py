@@ -3,7 +3,7 @@ in full, plus rank-8 LoRA adapters that act only in decoder mode (finetune.mode=
 encoder and its KV cache stay exactly the base model's. Optimizer after the official Sudoku LoRA recipe
 (clip 1.0, Adam(0.95, 0.99), weight decay 1e-4, warmup-cosine peak 1.5e-4, 2000 steps).
 
-  # the base: a converted DiffusionGemma (python -m dgemma.convert --from_hf DIR --to /ckpts/dgemma) or any
+  # the base: a converted DiffusionGemma (python -m dgemma.tools.convert --from_hf DIR --to /ckpts/dgemma) or any
   # dgemma params checkpoint; the config argument after ':' is its directory (read into train.init_from).
   python train.py --config=configs/finetune_head_lora.py:/ckpts/dgemma --workdir=workdirs/head_lora \
       --config.data.source=files --config.data.files="('sft.jsonl',)" --config.finetune.lora_rank=4

@@ -2,9 +2,9 @@
 
 Each packed row of 256 tokens ends in diffusion.canvases_per_row = 4 canvases of 32 tokens, all
 denoised in one decoder pass with a block-causal mask: canvas k sees itself and the clean text before
-it (dgemma/diffusion.py), so one row trains 4 canvases for the price of one encoder pass.
+it (dgemma/diffusion/corruption.py), so one row trains 4 canvases for the price of one encoder pass.
 
-  python -m dgemma.data.prepare --config=configs/pretrain_small.py
+  python -m dgemma.tools.prepare_data --config=configs/pretrain_small.py
   python train.py --config=configs/pretrain_small.py --workdir=workdirs/pretrain_small
   # override anything, e.g. a single canvas per row (the classic layout) and a shorter run:
   python train.py --config=configs/pretrain_small.py --workdir=workdirs/pretrain_small_k1 \

@@ -13,7 +13,7 @@ stop). The config argument after ':' is the .jsonl file (several: comma-separate
   # fine-tune converted Gemma weights with Gemma's tokenizer (chat turns then use <|turn>/<turn|> ids):
   python train.py --config=configs/sft_jsonl.py:data/train.jsonl --workdir=workdirs/sft_gemma \
       --config.data.tokenizer.kind=file --config.data.tokenizer.path=/ckpts/gemma/tokenizer.model \
-      --config.train.init_from=/ckpts/gemma  # and the checkpoint's model group (configs/adapt_gemma4.py)
+      --config.train.init_from=/ckpts/gemma  # and the checkpoint's model group (configs/adapt_from_gemma4.py)
   python sample.py --config=configs/sft_jsonl.py:data/train.jsonl --workdir=workdirs/sft \
       --config.sample.prompt="What is 2+2?"   # rendered as a user turn, as in training
 """

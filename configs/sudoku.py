@@ -1,6 +1,6 @@
 """Sudoku with DiffusionGemma-style diffusion: the puzzle is the prompt, the 81-digit solution the canvas.
 
-  python -m dgemma.data.sudoku --out_dir=data/sudoku --num_train=20000 --num_test=500 --min_blanks=30 --max_blanks=45
+  python -m dgemma.tools.sudoku_csv --out_dir=data/sudoku --num_train=20000 --num_test=500 --min_blanks=30 --max_blanks=45
   python train.py --config=configs/sudoku.py --workdir=workdirs/sudoku \
       --config.data.sudoku.train_csv=data/sudoku/train.csv
   python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv            # re-noising sampler

@@ -7,34 +7,28 @@ Modes (finetune.mode):
   'head_only'  the self-conditioning module trains in full, plus LoRA adapters that act only in decoder
                mode, so the encoder's logits and KV cache stay bit-identical to the base model's.
 
-Trainable leaves are labelled TRAINABLE / FROZEN (`param_labels`); `dgemma.trainer.make_optimizer` wraps
+Trainable leaves are labelled TRAINABLE / FROZEN (`param_labels`); `dgemma.train.optimizer.make_optimizer` wraps
 the optimizer in `optax.multi_transform` with `optax.set_to_zero()` on FROZEN leaves (Adam state exists
 only for trainable leaves), and the train step differentiates only the trainable leaves and returns the
 frozen ones unchanged.
 
-Adapter checkpoint (lora / head_only with finetune.save_adapter, written at the end of training to
-WORKDIR/adapter/): a dgemma params checkpoint (dgemma/checkpoint_io.py) holding only the trained leaves
-(adapter factors, plus self_conditioning/* in head_only), the base model's model_config.json, and
-adapter_config.json = {mode, lora: {rank, alpha, targets, decoder_only}, base: train.init_from, step}.
-`python -m dgemma.tools.merge_lora` folds a 'lora' adapter into its base weights.
+Adapter checkpoints (the trained leaves only, written at the end of a lora / head_only run) are one of
+the formats of dgemma/checkpoints/ (adapter.py); `python -m dgemma.tools.merge_lora` folds a 'lora' adapter
+into its base weights.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import flax
 import jax
 
-from dgemma import checkpoint_io
 from dgemma.model import lora as lora_lib
-from dgemma.model.config import ConfigError
+from dgemma.errors import ConfigError
 
 MODES = ("full", "lora", "head_only")
 TRAINABLE, FROZEN = "trainable", "frozen"
-ADAPTER_DIR = "adapter"
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def lora_config(finetune) -> lora_lib.LoraConfig | None:
@@ -118,23 +112,3 @@ def trained_leaves(params: Any, finetune) -> dict:
   flat = flax.traverse_util.flatten_dict(params)
   kept = {k: v for k, v in flat.items() if label(tuple(str(n) for n in k), finetune) == TRAINABLE}
   return flax.traverse_util.unflatten_dict(kept)
-
-
-def save_adapter(path: str | os.PathLike, params: Any, model_cfg, finetune, *, base: str, step: int) -> None:
-  """Writes an adapter-only params checkpoint (module docstring) atomically, replacing an older one."""
-  if finetune.mode == "full":
-    raise ValueError("finetune.save_adapter: full fine-tuning trains every leaf; its checkpoint is the model")
-  adapter = jax.device_get(trained_leaves(params, finetune))
-  meta = {"mode": finetune.mode, "lora": lora_config(finetune).to_dict(), "base": str(base), "step": int(step)}
-  checkpoint_io.save_params(path, adapter, model_cfg.to_dict(), extra_json={ADAPTER_CONFIG: meta}, overwrite=True)
-
-
-def load_adapter(path: str | os.PathLike) -> tuple[dict, dict, dict]:
-  """(adapter params, base model config dict, adapter_config) of an adapter checkpoint."""
-  meta = checkpoint_io.read_extra_json(path, ADAPTER_CONFIG)
-  if meta is None:
-    raise FileNotFoundError(f"--adapter: {path} has no {ADAPTER_CONFIG} (not an adapter checkpoint; "
-                            "training writes one to WORKDIR/adapter with finetune.mode='lora')")
-  params, model_config = checkpoint_io.load_params(path)
-  return params, model_config, meta
-

@@ -1,6 +1,6 @@
 """Weight-only int8 / int4 quantization of a dgemma parameter tree, applied at load time.
 
-  qcfg = QuantConfig.from_config(config)          # sample.quantize / quant_group_size / quantize_embedding
+  qcfg = settings.sample.quant                    # sample.quantize / quant_group_size / quantize_embedding
   qparams = quantize_params(params, qcfg)         # the single entry point (sampling, eval, benchmarks)
   Transformer(cfg).apply({'params': qparams}, ...)  # the model dequantizes each weight where it is used
 
@@ -20,6 +20,14 @@ stacked experts [E, D, F] / [E, F, D] (contract the middle axis). Router kernels
 scales and layer scalars stay in their dtype. Stacked `blocks` leaves keep their leading 'layers' axis
 in q and scale alike, so `nn.scan` slices a `QArray` like any weight and each layer is dequantized
 inside the scanned block: full-precision weights of more than one layer never exist at once.
+
+Presets (`sample.quantize`): 'int8', 'int4' (every quantizable weight), 'int4_experts' (the stacked expert
+weights int4 in groups of `group_size`, every other quantizable weight int8 per channel: the experts are
+most of the parameters, the rest is read by every token).
+
+Expert kernels: with model.moe_impl='tokamax' the expert `QArray`s are not dequantized by the model: they
+reach `tokamax.ragged_dot` as `qwix.QArray`s over the same q and scale arrays (our scale layout is qwix's:
+`dgemma.model.moe_kernels.to_qwix`), for its quantized kernels.
 """
 
 from __future__ import annotations
@@ -32,12 +40,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
-from dgemma.model import lora
-from dgemma.model.config import ConfigError
+from dgemma.errors import ConfigError
+from dgemma.model import lora, param_shapes
+from dgemma.model.qarray import QArray, dequantize, is_quantized, take_rows
 
-SCHEMES = ("none", "int8", "int4")
+# The quantized weight type and its helpers live beside the layers that read them (dgemma/model/qarray.py).
+__all__ = ["QArray", "QuantConfig", "SCHEMES", "check", "contracted_axes", "dequantize", "is_quantized",
+           "quantize_array", "quantize_params", "take_rows", "tree_bytes"]
+
+SCHEMES = ("none", "int8", "int4", "int4_experts")
 _QMAX = {"int8": 127, "int4": 7}
 _QDTYPE = {"int8": jnp.int8, "int4": jnp.int4}
 
@@ -45,7 +57,8 @@ _QDTYPE = {"int8": jnp.int8, "int4": jnp.int4}
 @dataclasses.dataclass(frozen=True)
 class QuantConfig:
   """scheme: 'none' | 'int8' (per output channel) | 'int4' (per group of group_size inputs; 0 = per
-  output channel). embedding: also quantize the tied embedding / output table."""
+  output channel) | 'int4_experts' (experts int4 as 'int4', everything else int8). embedding: also
+  quantize the tied embedding / output table."""
 
   scheme: str = "none"
   group_size: int = 64
@@ -56,60 +69,6 @@ class QuantConfig:
       raise ConfigError(f"sample.quantize must be one of {SCHEMES}, got {self.scheme!r}")
     if int(self.group_size) < 0:
       raise ConfigError(f"sample.quant_group_size must be >= 0 (0 = per output channel), got {self.group_size}")
-
-  @classmethod
-  def from_config(cls, config) -> "QuantConfig":
-    s = config.sample  # runs saved before these keys existed sample unquantized
-    return cls(scheme=str(s.get("quantize", "none")), group_size=int(s.get("quant_group_size", 64)),
-               embedding=bool(s.get("quantize_embedding", True)))
-
-
-@struct.dataclass
-class QArray:
-  """A quantized weight: `q` (int8 / int4, the weight's shape) and `scale` (q's shape with every
-  contracted axis reduced to its number of groups: 1 per channel, n for n groups along `group_axis`).
-
-  `q` is the first field: flax checks a stored parameter's first leaf against the declared shape.
-  `group_axis` is negative so it stays valid when `nn.scan` strips the leading 'layers' axis.
-  """
-
-  q: jax.Array
-  scale: jax.Array
-  group_axis: int = struct.field(pytree_node=False, default=-1)
-
-  @property
-  def shape(self) -> tuple[int, ...]:
-    return tuple(self.q.shape)
-
-  @property
-  def dtype(self):
-    """The dtype of the weight it replaces (the scale's)."""
-    return self.scale.dtype
-
-
-def is_quantized(x: Any) -> bool:
-  return isinstance(x, QArray)
-
-
-def dequantize(w: Any, dtype=None) -> jax.Array:
-  """q * scale as `dtype` (default: the original weight dtype); plain arrays are only cast."""
-  if not isinstance(w, QArray):
-    return w if dtype is None else w.astype(dtype)
-  dtype = w.dtype if dtype is None else dtype
-  q, scale = w.q, w.scale
-  ax = w.group_axis % q.ndim
-  n = scale.shape[ax]
-  # split the grouped axis into [n groups, group size]; the scale broadcasts over the group
-  q_g = q.reshape(q.shape[:ax] + (n, q.shape[ax] // n) + q.shape[ax + 1:])
-  s_g = jnp.expand_dims(scale, ax + 1)
-  return (q_g.astype(dtype) * s_g.astype(dtype)).reshape(q.shape)
-
-
-def take_rows(w: Any, index: jax.Array) -> jax.Array:
-  """w[index] along axis 0 (an embedding lookup), dequantizing only the rows taken."""
-  if not isinstance(w, QArray):
-    return w[index]
-  return dequantize(QArray(q=w.q[index], scale=w.scale[index], group_axis=w.group_axis))
 
 
 def contracted_axes(path: tuple[str, ...], ndim: int, embedding: bool = True) -> tuple[int, ...] | None:
@@ -135,6 +94,13 @@ def contracted_axes(path: tuple[str, ...], ndim: int, embedding: bool = True) ->
   if leaf in ("gate_proj", "up_proj", "down_proj"):
     return (-2,)                      # [D, F] / [F, D]
   return None
+
+
+def leaf_scheme(scheme: str, path: tuple[str, ...]) -> str:
+  """The per-weight scheme ('int8' / 'int4') of a preset for the weight at key path `path`."""
+  if scheme == "int4_experts":
+    return "int4" if "experts" in path else "int8"
+  return scheme
 
 
 def _num_groups(size: int, group_size: int, scheme: str, name: str) -> int:
@@ -173,7 +139,7 @@ def _path_names(path) -> tuple[str, ...]:
 def quantize_params(params: Any, qcfg: QuantConfig) -> Any:
   """The params tree with every quantizable weight replaced by a `QArray` (others unchanged).
 
-  Leaves may be numpy (e.g. `checkpoint_io.load_params`) or jax arrays; each weight is quantized by
+  Leaves may be numpy (e.g. `dgemma.checkpoints.params.load_params`) or jax arrays; each weight is quantized by
   its own jitted call, so peak memory is the input tree plus one weight's temporaries. Under
   `jax.eval_shape` it gives the quantized tree's shapes without allocating (dgemma.tools.memory).
   Bad group sizes raise ConfigError naming sample.quant_group_size before any weight is touched.
@@ -186,14 +152,16 @@ def quantize_params(params: Any, qcfg: QuantConfig) -> Any:
     axes = contracted_axes(names, np.ndim(leaf), qcfg.embedding)
     if axes is not None:
       size = np.shape(leaf)[axes[-1]]
-      _num_groups(size, qcfg.group_size, qcfg.scheme, "/".join(names))  # validate before any work
-      plan[names] = axes
+      scheme = leaf_scheme(qcfg.scheme, names)
+      _num_groups(size, qcfg.group_size, scheme, "/".join(names))  # validate before any work
+      plan[names] = (axes, scheme)
 
   def convert(path, leaf):
     names = _path_names(path)
     if names not in plan:
       return leaf
-    return quantize_array(leaf, plan[names], qcfg.scheme, int(qcfg.group_size), "/".join(names))
+    axes, scheme = plan[names]
+    return quantize_array(leaf, axes, scheme, int(qcfg.group_size), "/".join(names))
 
   return jax.tree_util.tree_map_with_path(convert, params)
 
@@ -201,7 +169,6 @@ def quantize_params(params: Any, qcfg: QuantConfig) -> Any:
 def check(model_cfg, qcfg: QuantConfig) -> None:
   """Raises ConfigError (naming sample.quant_group_size) if `qcfg` cannot quantize this architecture;
   shapes only, nothing is allocated: call it before reading a checkpoint."""
-  from dgemma.model import param_shapes
   if qcfg.scheme != "none":
     jax.eval_shape(lambda p: quantize_params(p, qcfg), param_shapes(model_cfg))
 
@@ -214,16 +181,3 @@ def tree_bytes(tree: Any) -> int:
     bits = 4 if dt == jnp.dtype(jnp.int4) else 8 * dt.itemsize
     total += math.prod(leaf.shape) * bits // 8
   return total
-
-
-def load_quantized(path: str, qcfg: QuantConfig, *, dtype: str | None = None):
-  """A dgemma params checkpoint (e.g. bf16, from `python -m dgemma.convert --to PATH`) -> (ModelConfig,
-  quantized params on the default device). `dtype` overrides the model's compute dtype."""
-  from dgemma import checkpoint_io
-  from dgemma.model import ModelConfig
-
-  params_np, cfg_dict = checkpoint_io.load_params(path)
-  if dtype is not None:
-    cfg_dict = dict(cfg_dict, dtype=dtype)
-  cfg = ModelConfig.from_config_dict(cfg_dict)
-  return cfg, jax.device_put(quantize_params(params_np, qcfg))

@@ -1,23 +1,15 @@
-"""A small report folder for a run: loss curves (PNG), samples, and an HTML denoising trajectory.
-
-  python -m dgemma.report --workdir=workdirs/demo --out=report
-"""
+"""A small report folder for a run: loss curves (PNG), samples, and an HTML denoising trajectory
+(the command: python -m dgemma.tools.report --workdir=workdirs/demo --out=report)."""
 
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-
-def read_metrics(workdir: str | Path) -> list[dict]:
-  path = Path(workdir) / "metrics.jsonl"
-  if not path.exists():
-    raise FileNotFoundError(f"--workdir: {path} not found (train first)")
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from dgemma.train.metrics import read_metrics
 
 
 def plot_losses(records: list[dict], out_png: str | Path) -> None:
@@ -130,17 +122,3 @@ def write_report(workdir: str | Path, out_dir: str | Path) -> Path:
   if samples.exists():
     (out / "samples.txt").write_text(samples.read_text())
   return out
-
-
-def main(argv):
-  del argv
-  from absl import flags
-  out = write_report(flags.FLAGS.workdir, flags.FLAGS.out)
-  print(f"report written to {out.absolute()}/index.html")
-
-
-if __name__ == "__main__":
-  from absl import app, flags
-  flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
-  flags.DEFINE_string("out", "report", "Report folder.")
-  app.run(main)

@@ -18,8 +18,9 @@ import tempfile
 from typing import Callable, Iterable, Iterator, Sequence
 
 import sentencepiece as spm
+import tokenizers as hf_tokenizers  # Hugging Face's `tokenizers` package (this module is dgemma.tokenizers)
 
-from dgemma.model.config import ConfigError
+from dgemma.errors import ConfigError
 
 PAD_ID = 0
 EOS_ID = 1
@@ -27,6 +28,7 @@ BOS_ID = 2
 UNK_ID = 3
 NUM_SPECIAL = 4
 TOKENIZER_KINDS = ("sentencepiece", "byte", "file")
+TURN_START, TURN_END = "<|turn>", "<turn|>"  # Gemma's chat turn markers
 
 # A byte-fallback SentencePiece model always holds the 4 specials, the newline piece and 256 byte
 # pieces; the corpus's characters and merges come on top.
@@ -148,13 +150,83 @@ class SentencePieceTokenizer(Tokenizer):
     return f"SentencePieceTokenizer({str(self.model_path)!r}, vocab_size={self._vocab_size})"
 
 
-def load_tokenizer_file(path: str | os.PathLike[str]) -> SentencePieceTokenizer:
-  """Loads an existing SentencePiece model (e.g. Gemma's tokenizer.model)."""
+class JsonTokenizer(Tokenizer):
+  """A Hugging Face `tokenizer.json` (the `tokenizers` library), as HF checkpoints without a
+  SentencePiece `tokenizer.model` ship it. Special ids are those of the pieces <pad>, <eos>, <bos>, <unk>
+  (Gemma's names); a file without them is an error naming it."""
+
+  SPECIAL_PIECES = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"}
+
+  def __init__(self, path: str | os.PathLike[str]):
+    self.model_path = Path(path)
+    try:
+      self._tok = hf_tokenizers.Tokenizer.from_file(str(self.model_path))
+    except Exception as e:  # the library's errors name no file
+      raise ValueError(f"{self.model_path}: not a readable tokenizer.json ({e})") from e
+    ids = {name: self._tok.token_to_id(piece) for name, piece in self.SPECIAL_PIECES.items()}
+    missing = [self.SPECIAL_PIECES[name] for name, i in ids.items() if i is None]
+    if missing:
+      raise ValueError(f"{self.model_path}: has no token(s) {missing}; dgemma needs pad, eos, bos and unk ids")
+    self._pad, self._eos, self._bos, self._unk = ids["pad"], ids["eos"], ids["bos"], ids["unk"]
+    self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+    special = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
+    self._dropped_ids = frozenset(self._tok.token_to_id(t) for t in special) | {self._pad, self._eos, self._bos}
+
+  @property
+  def vocab_size(self) -> int:
+    return self._vocab_size
+
+  @property
+  def pad_id(self) -> int:
+    return self._pad
+
+  @property
+  def eos_id(self) -> int:
+    return self._eos
+
+  @property
+  def bos_id(self) -> int:
+    return self._bos
+
+  @property
+  def unk_id(self) -> int:
+    return self._unk
+
+  def encode(self, text: str) -> list[int]:
+    return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    kept = [int(i) for i in ids if 0 <= int(i) < self._vocab_size and int(i) not in self._dropped_ids]
+    return self._tok.decode(kept, skip_special_tokens=False)
+
+  def piece_id(self, piece: str) -> int | None:
+    return self._tok.token_to_id(piece)
+
+  def __repr__(self) -> str:
+    return f"JsonTokenizer({str(self.model_path)!r}, vocab_size={self._vocab_size})"
+
+
+def chat_turn_ids(tokenizer: Tokenizer) -> tuple[int, int] | None:
+  """(`<|turn>`, `<turn|>`) ids when the tokenizer has those pieces (Gemma), else None."""
+  ids = [tokenizer.piece_id(p) for p in (TURN_START, TURN_END)]
+  return None if None in ids else (ids[0], ids[1])
+
+
+def end_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
+  """The ids that end a response: EOS, and `<turn|>` when the tokenizer has Gemma's chat pieces (the
+  token supervised fine-tuning ends a response with)."""
+  turns = chat_turn_ids(tokenizer)
+  return (tokenizer.eos_id,) if turns is None else tuple(dict.fromkeys((tokenizer.eos_id, turns[1])))
+
+
+def load_tokenizer_file(path: str | os.PathLike[str]) -> Tokenizer:
+  """Loads an existing tokenizer file: a SentencePiece model (e.g. Gemma's tokenizer.model) or, for a
+  `.json` file, a Hugging Face tokenizer.json."""
   if not str(path):
-    raise FileNotFoundError("data.tokenizer.path is empty; set it to a SentencePiece .model file")
+    raise FileNotFoundError("data.tokenizer.path is empty; set it to a SentencePiece .model or a tokenizer.json file")
   if not Path(path).is_file():
     raise FileNotFoundError(f"data.tokenizer.path: {path} does not exist")
-  return SentencePieceTokenizer(path)
+  return JsonTokenizer(path) if str(path).endswith(".json") else SentencePieceTokenizer(path)
 
 
 def _training_lines(texts: Iterable[str]) -> Iterator[str]:

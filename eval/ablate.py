@@ -25,9 +25,8 @@ changes anything else (model, data, diffusion, opt, train: e.g. diffusion.object
 uniform noise) needs its own model: the runner trains base + overrides + setting into out_dir/runs/<name>
 (train.py semantics: re-running resumes, a finished run is reused) and evaluates that run.
 
-A metric function is `fn(checkpoint: eval.checkpoints.Checkpoint, config: ConfigDict) -> dict[str, number]`:
-`checkpoint` holds the params and the run's config; `config` is that config with the setting's evaluation
-overrides applied (the settings to evaluate with). Register one with `register_metric(name, fn)` or by
+A metric function is `fn(model: dgemma.Model) -> dict[str, number]`: the run's weights with the setting's
+evaluation overrides applied to its settings (`model.settings`, `model.config`). Register one with `register_metric(name, fn)` or by
 adding `name: 'module:function'` to METRICS (imported on first use). CSV columns: name, group, then every
 override key of any setting, then the metric keys (union over settings), in first-seen order.
 """
@@ -39,20 +38,20 @@ import importlib
 import importlib.util
 import io
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Union
 
 import ml_collections
 
-from dgemma import checkpointing, report
-from dgemma import config as config_lib
-from dgemma.model.config import ConfigError
-from dgemma.sampling import SamplerConfig
-from eval import checkpoints
+import dgemma
+from dgemma import api, checkpoints, files, report
+from dgemma import settings as settings_lib
+from dgemma.errors import ConfigError
+from dgemma.tools import cli
+from dgemma.train import loop as train_loop
 
-MetricFn = Callable[[checkpoints.Checkpoint, ml_collections.ConfigDict], dict]
+MetricFn = Callable[[dgemma.Model], dict]
 
 # name -> callable or 'module:function' (imported lazily, so a metric's module loads only when used).
 METRICS: dict[str, Union[str, MetricFn]] = {
@@ -87,14 +86,11 @@ def metric_fn(name: str) -> MetricFn:
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
-  """'configs/demo.py' or 'configs/x.py:arg' -> get_config() / get_config(arg) (like --config=...)."""
-  path, _, arg = spec.partition(":")
-  if not Path(path).is_file():
-    raise FileNotFoundError(f"base: config file {path} does not exist")
-  module_spec = importlib.util.spec_from_file_location(f"_ablation_base_{abs(hash(path))}", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  """The `base` config file ('configs/demo.py' or 'file.py:arg')."""
+  try:
+    return cli.load_config_file(spec)
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"base: {e}") from None
 
 
 def as_overrides(value, field: str) -> dict[str, Any]:
@@ -109,7 +105,7 @@ def as_overrides(value, field: str) -> dict[str, Any]:
 
 
 def _needs_training(overrides: dict) -> bool:
-  return any(key.split(".")[0] not in checkpoints.EVAL_GROUPS for key in overrides)
+  return any(key.split(".")[0] not in api.EVAL_GROUPS for key in overrides)
 
 
 def check_ablation(ablation: ml_collections.ConfigDict) -> list[tuple[str, str, dict]]:
@@ -130,15 +126,14 @@ def check_ablation(ablation: ml_collections.ConfigDict) -> list[tuple[str, str, 
   if not settings:
     raise ConfigError("settings: empty")
   metric_fn(str(ablation.metric))
-  base = checkpoints.apply_overrides(load_config_file(ablation.base), as_overrides(ablation.overrides, "overrides"))
+  base = settings_lib.with_overrides(load_config_file(ablation.base), as_overrides(ablation.overrides, "overrides"))
   for name, _, overrides in settings:
-    config = checkpoints.apply_overrides(base, overrides)
-    config_lib.validate(config)
-    if config.diffusion.objective != "ar":  # e.g. an 'mdlm' setting without sample.sampler='masked'
-      try:
-        SamplerConfig.from_config(config)
-      except (ConfigError, ValueError) as e:
-        raise ConfigError(f"settings {name!r}: {e}") from e
+    try:
+      checked = settings_lib.from_config(settings_lib.with_overrides(base, overrides))
+      if not checked.objective.autoregressive:  # e.g. an 'mdlm' setting without sample.sampler='masked'
+        checked.canvas_sampler  # pylint: disable=pointless-statement
+    except (ConfigError, ValueError) as e:
+      raise ConfigError(f"settings {name!r}: {e}") from e
   for x, y, png in ablation.plots:
     if not str(png).endswith(".png"):
       raise ConfigError(f"plots: {png!r} must be a .png file name")
@@ -146,9 +141,8 @@ def check_ablation(ablation: ml_collections.ConfigDict) -> list[tuple[str, str, 
 
 
 def _train(config: ml_collections.ConfigDict, workdir: Path, log) -> str:
-  from dgemma import trainer
   log(f"training {workdir} ({config.train.num_steps} steps)")
-  trainer.train_and_evaluate(config, str(workdir))
+  train_loop.train_and_evaluate(config, str(workdir))
   return str(workdir)
 
 
@@ -158,28 +152,24 @@ def run_ablation(ablation: ml_collections.ConfigDict, log=print) -> list[dict[st
   fn = metric_fn(str(ablation.metric))
   out_dir = Path(ablation.out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  base = checkpoints.apply_overrides(load_config_file(ablation.base), as_overrides(ablation.overrides, "overrides"))
+  base = settings_lib.with_overrides(load_config_file(ablation.base), as_overrides(ablation.overrides, "overrides"))
   base_path = str(ablation.checkpoint)
-  loaded: dict[str, checkpoints.Checkpoint] = {}
-
-  def checkpoint_for(path: str, config) -> checkpoints.Checkpoint:
-    if path not in loaded:
-      loaded[path] = checkpoints.load_checkpoint(path, config)
-    return loaded[path]
+  loaded: dict[str, dgemma.Model] = {}
 
   rows = []
   for name, group, overrides in settings:
-    config = checkpoints.apply_overrides(base, overrides)
+    config = settings_lib.with_overrides(base, overrides)
     if _needs_training(overrides):
       path = _train(config, out_dir / "runs" / name, log)
     else:
       if not base_path:
         base_path = _train(base, out_dir / "runs" / "base", log)
       path = base_path
-    ckpt = checkpoint_for(path, config)
-    eval_config = checkpoints.resolve_config(path, config)
+    if path not in loaded:
+      loaded[path] = dgemma.load(path, config=config)
+    model = loaded[path].with_config(api.run_config(checkpoints.header(path), config))
     start = time.perf_counter()
-    metrics = fn(ckpt, eval_config)
+    metrics = fn(model)
     row = {"name": name, "group": group, **{k: _plain(v) for k, v in overrides.items()}, **metrics}
     log(f"[{name}] " + ", ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
         + f" ({time.perf_counter() - start:.1f} s)")
@@ -205,26 +195,21 @@ def write_results(rows: list[dict], ablation: ml_collections.ConfigDict, out_dir
   writer.writeheader()
   for row in rows:
     writer.writerow({k: row.get(k, "") for k in columns})
-  checkpointing.write_text_atomic(out_dir / "results.csv", buf.getvalue())
-  checkpointing.write_text_atomic(out_dir / "results.json", json.dumps(
+  files.write_text_atomic(out_dir / "results.csv", buf.getvalue())
+  files.write_text_atomic(out_dir / "results.json", json.dumps(
       {"ablation": json.loads(ablation.to_json_best_effort()), "rows": rows}, indent=2, default=str) + "\n")
   for x, y, png in ablation.plots:
     report.plot_sweep(rows, str(x), str(y), out_dir / str(png), title=f"{Path(str(ablation.out_dir)).name}: {y} vs {x}")
 
 
 def main(argv):
-  from absl import app
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  try:
-    run_ablation(_CONFIG.value)
-  except ConfigError as e:
-    sys.exit(f"eval.ablate: {e}")
+  cli.no_extra_args(argv)
+  run_ablation(cli.config(_CONFIG))
 
 
 if __name__ == "__main__":
-  from absl import app, flags
+  from absl import flags
   from ml_collections import config_flags
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Ablation config (configs/ablations/*.py).")
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  cli.run(main, "eval.ablate")

@@ -2,383 +2,81 @@
 
   python -m eval.likelihood --checkpoint=workdirs/demo --data=validation --max_tokens=2048
   python -m eval.likelihood --checkpoint=workdirs/demo --data=my_text.txt --num_t_samples=16 --out=ll.json
-  python -m eval.likelihood --checkpoint=/ckpts/dgemma --config=configs/demo.py --data=validation
+  python -m eval.likelihood --checkpoint=/ckpts/dgemma --data=my_text.txt      # any checkpoint kind
 
-Reports nats/token, bits per UTF-8 byte of the original text and the perplexity bound, each with a
-standard error. Settings: `eval.*` in configs/base.py (flags of the same name override them).
-
-Block-autoregressive factorisation. A document becomes [BOS] + ids + [EOS] (like training, dgemma/data/
-pipeline.py); the tokens after BOS are cut into canvases of diffusion.canvas_len, and canvas k is scored
-given the clean text before it: log p(x) = sum_k log p(canvas_k | earlier text), each canvas conditioned on
-at most eval.context_len earlier tokens (default: the training context, data.seq_len - canvas_len; the
-row is then exactly a training row, positions restarting at 0 where the window starts). The bound is the
-sum over canvases of
-
-  (1 - t_eps) E_{t ~ U(t_eps, 1), z_t}[ sum_i integrand_i(t) ]  +  E_{z_t_eps}[ -log p(x | z_t_eps) ]
-
-(../shared/reference/diffusiongemma.md, "Uniform-state diffusion likelihood"): the continuous-time NELBO
-integrated over [t_eps, 1] (`objectives.uniform_nelbo_per_token`, or `mdlm_nelbo_per_token` for MDLM
-checkpoints), Monte-Carlo over eval.num_t_samples antithetic times t_m = t_eps + (1 - t_eps) frac(u + m/M)
-per canvas, plus the reconstruction term at t_eps. The prior term KL(q(z_1 | x) || p(z_1)) is 0 (alpha(1) = 0:
-z_1 is uniform, or all-mask for MDLM). Reconstruction: the model's last reverse step
-q(z_0 | z_t_eps, x_theta) (the posterior formula of the facts file at alpha_s = 1) is proportional to
-x_theta(x) q(z_t_eps | x), i.e. the CE of softmax(f + log(1 + N alpha / (1 - alpha)) onehot(z))
-(`objectives.loo_cross_entropy`); for MDLM it is x_theta's CE on the still-masked tokens and 0 elsewhere
-(carry-over). It is not assumed ~0: it is computed (a model whose x_theta ignores z would pay its full CE).
-
-AR checkpoints (diffusion.objective='ar') get the exact NLL of the same canvases given the same context
-windows, in the same units. Standard errors are over canvases (ratio estimator of total nats / tokens),
-so they include both the text's variation and the Monte-Carlo noise of t and z_t.
+Reports nats/token, bits per UTF-8 byte of the original text and the perplexity bound, each with a standard
+error; the estimator is dgemma/diffusion/likelihood.py (its docstring has the mathematics), the same one
+`dgemma.load(...).score(texts)` calls. Settings: `eval.*` in configs/base.py (flags of the same name override
+them): eval.data is a .txt / .jsonl file (data.txt_mode, data.jsonl_field, data.encoding_errors) or a split of
+the run's dataset; eval.max_documents / eval.max_tokens cut it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
-import math
-import sys
-import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
-import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
-from dgemma import checkpointing, objectives
+import dgemma
+from dgemma import data as data_lib
+from dgemma import files
 from dgemma.data import builder as builder_lib
-from dgemma.data import pipeline as data_pipeline
-from dgemma.diffusion import DiffusionLossConfig, corrupt_rows, split_context_canvas
-from dgemma.model import ModelConfig, Transformer, init_cache, sharding
-from dgemma.model.config import ConfigError
-from eval import checkpoints
-
-LN2 = math.log(2.0)
+from dgemma.errors import ConfigError
+from eval import cli_flags
 
 
-# ---- documents -> rows ---------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Document:
-  """A scored text: `text` (what bits/byte counts), `tokens` = [BOS] + ids (+ [EOS] when complete)."""
-  text: str
-  tokens: np.ndarray
-  complete: bool
-
-  @property
-  def num_bytes(self) -> int:
-    return len(self.text.encode("utf-8"))
-
-  @property
-  def num_scored(self) -> int:
-    return len(self.tokens) - 1
-
-
-def cut_document(text: str, tokenizer, max_tokens: int) -> Document:
-  """[BOS] + ids + [EOS] of `text`; with max_tokens > 0 and more scored tokens than that, the longest
-  prefix cut at whitespace whose ids fit (no EOS: the document does not end there)."""
-  ids = tokenizer.encode(text)
-  if max_tokens <= 0 or len(ids) + 1 <= max_tokens:
-    return Document(text, np.asarray([tokenizer.bos_id] + ids + [tokenizer.eos_id], np.int32), True)
-  cuts = [i for i, ch in enumerate(text) if ch.isspace()]
-  lo, hi, best = 0, len(cuts) - 1, None
-  while lo <= hi:  # the longest whitespace cut whose encoding fits
-    mid = (lo + hi) // 2
-    n = len(tokenizer.encode(text[:cuts[mid]]))
-    if n <= max_tokens:
-      best, lo = mid, mid + 1
-    else:
-      hi = mid - 1
-  if best is None or cuts[best] == 0:
-    raise ValueError(f"eval.max_tokens={max_tokens}: the document's first word ({text[:40]!r}...) alone needs "
-                     "more tokens; raise eval.max_tokens")
-  prefix = text[:cuts[best]]
-  return Document(prefix, np.asarray([tokenizer.bos_id] + tokenizer.encode(prefix), np.int32), False)
-
-
-def read_texts(config: ml_collections.ConfigDict, data: str) -> list[str]:
-  """Documents of a .txt / .jsonl file (data.txt_mode, data.jsonl_field) or of a split of the run's dataset."""
+def read_texts(settings, data: str) -> list[str]:
+  """Documents of a .txt / .jsonl file or of a split of the run's dataset."""
   if not data:
     raise ConfigError("eval.data: empty (a .txt/.jsonl file or a split name such as 'validation')")
   if data.endswith((".txt", ".jsonl")) or Path(data).exists():
     builder_lib.check_files([data])
-    return list(builder_lib.iter_file_documents(data, str(config.data.txt_mode), str(config.data.jsonl_field)))
-  prepared = data_pipeline.prepare(config)
+    return list(builder_lib.iter_file_documents(data, settings.data.txt_mode, settings.data.jsonl_field,
+                                                settings.data.encoding_errors))
+  prepared = data_lib.prepare(settings)
   if data not in prepared.splits:
     raise ConfigError(f"eval.data: {data!r} is neither a .txt/.jsonl file nor a split of {prepared.dataset_id} "
                       f"({prepared.splits})")
   return list(prepared.texts(data))
 
 
-@dataclasses.dataclass
-class Rows:
-  """One row per canvas: tokens/segment_ids/positions [R, context_len + canvas_len] (context left-padded),
-  and which document / canvas of it each row is."""
-  tokens: np.ndarray
-  segment_ids: np.ndarray
-  positions: np.ndarray
-  doc_index: np.ndarray
-  canvas_index: np.ndarray
-
-  def __len__(self) -> int:
-    return len(self.tokens)
-
-  def batch(self, start: int, size: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """Rows [start, start + size), topped up with all-padding rows (weight 0) to `size`."""
-    sl = slice(start, start + size)
-    parts = dict(tokens=self.tokens[sl], segment_ids=self.segment_ids[sl], positions=self.positions[sl])
-    doc, can = self.doc_index[sl], self.canvas_index[sl]
-    missing = size - len(doc)
-    if missing:
-      parts = {k: np.concatenate([v, np.zeros((missing, v.shape[1]), np.int32)]) for k, v in parts.items()}
-      doc = np.concatenate([doc, np.full((missing,), -1, np.int32)])
-      can = np.concatenate([can, np.zeros((missing,), np.int32)])
-    return parts, doc, can
+def eval_texts(settings) -> list[str]:
+  """eval.data (or eval.split), cut to eval.max_documents."""
+  texts = read_texts(settings, settings.eval.data or settings.eval.split)
+  return texts[:settings.eval.max_documents] if settings.eval.max_documents > 0 else texts
 
 
-def block_rows(docs: Sequence[np.ndarray], canvas_len: int, context_len: int, pad_id: int) -> Rows:
-  """Canvas k of a document covers tokens [1 + k C, 1 + (k + 1) C) (token 0 is BOS) and is conditioned on
-  the (at most context_len) tokens before it, placed at the end of the context part of the row."""
-  C, K = canvas_len, context_len
-  toks, segs, poss, doc_ids, canvas_ids = [], [], [], [], []
-  for d, tokens in enumerate(docs):
-    for k, s in enumerate(range(1, len(tokens), C)):
-      ctx = tokens[max(0, s - K):s]
-      canvas = tokens[s:s + C]
-      row = np.full((K + C,), pad_id, np.int32)
-      seg = np.zeros((K + C,), np.int32)
-      pos = np.zeros((K + C,), np.int32)
-      row[K - len(ctx):K], seg[K - len(ctx):K], pos[K - len(ctx):K] = ctx, 1, np.arange(len(ctx))
-      row[K:K + len(canvas)], seg[K:K + len(canvas)] = canvas, 1
-      pos[K:K + len(canvas)] = len(ctx) + np.arange(len(canvas))
-      toks.append(row), segs.append(seg), poss.append(pos), doc_ids.append(d), canvas_ids.append(k)
-  as_array = lambda xs, shape: np.stack(xs) if xs else np.zeros(shape, np.int32)
-  return Rows(as_array(toks, (0, K + C)), as_array(segs, (0, K + C)), as_array(poss, (0, K + C)),
-              np.asarray(doc_ids, np.int32), np.asarray(canvas_ids, np.int32))
-
-
-# ---- the bound for one batch of canvases ---------------------------------------------------------
-
-def antithetic_times(key: jax.Array, num_t: int, t_eps: float) -> jax.Array:
-  """t_m = t_eps + (1 - t_eps) frac(u + m / M), u ~ U(0, 1): M stratified times with uniform marginals."""
-  u = jax.random.uniform(key, ())
-  return t_eps + (1.0 - t_eps) * jnp.mod(u + jnp.arange(num_t, dtype=jnp.float32) / num_t, 1.0)
-
-
-def canvas_keys(seed: int, doc_B: jax.Array, canvas_B: jax.Array) -> jax.Array:
-  """One key per (document, canvas): a canvas's noise does not depend on batching."""
-  base = jax.random.key(seed)
-  return jax.vmap(lambda d, c: jax.random.fold_in(jax.random.fold_in(base, d), c))(doc_B, canvas_B)
-
-
-def canvas_bound_terms(x0_logits_fn: Callable, canvas_BC: jax.Array, weights_BC: jax.Array, keys_B: jax.Array, *,
-                       num_t: int, loss_cfg: DiffusionLossConfig, vocab_size: int) -> tuple[jax.Array, jax.Array]:
-  """Per canvas: (sum over tokens of the NELBO integrand at each of num_t antithetic times [B, M],
-  sum over tokens of the reconstruction term at t_eps [B]).
-
-  x0_logits_fn(noisy_BC, alpha_B) -> x_theta logits [B, C, V]. Row b draws t from key split(keys_B[b])[0]
-  and z_t for sample m (m = num_t: the reconstruction at t_eps) from fold_in(split(keys_B[b])[1], m).
-  """
-  mdlm = loss_cfg.objective == "mdlm"
-  mask_id = loss_cfg.mask_id if mdlm else None
-  split_B2 = jax.vmap(lambda k: jax.random.split(k))(keys_B)
-  t_BM = jax.vmap(lambda k: antithetic_times(k, num_t, loss_cfg.t_eps))(split_B2[:, 0])
-  t_MB = jnp.concatenate([t_BM, jnp.full((keys_B.shape[0], 1), loss_cfg.t_eps, jnp.float32)], axis=1).T
-  weights_BC = weights_BC.astype(jnp.float32)
-
-  def one(_, xs):
-    m, t_B = xs
-    alpha_B, dalpha_B = objectives.schedule(loss_cfg.schedule, t_B)
-    noise_keys_B = jax.vmap(lambda k: jax.random.fold_in(k, m))(split_B2[:, 1])
-    noisy_BC, _ = corrupt_rows(noise_keys_B, canvas_BC, 1.0 - alpha_B, vocab_size, mask_id=mask_id)
-    logits_BCV = x0_logits_fn(noisy_BC, alpha_B)
-    alpha_BC = jnp.broadcast_to(alpha_B[:, None], canvas_BC.shape)
-    dalpha_BC = jnp.broadcast_to(dalpha_B[:, None], canvas_BC.shape)
-    if mdlm:
-      integrand_BC = objectives.mdlm_nelbo_per_token(logits_BCV, canvas_BC, noisy_BC, alpha_BC, dalpha_BC, mask_id)
-      no_mask_BCV = jnp.where(jnp.arange(vocab_size) == mask_id, -jnp.inf, logits_BCV)
-      recon_BC = jnp.where(noisy_BC == mask_id, objectives.cross_entropy(no_mask_BCV, canvas_BC), 0.0)
-    else:
-      integrand_BC = objectives.uniform_nelbo_per_token(logits_BCV, canvas_BC, noisy_BC, alpha_BC, dalpha_BC)
-      recon_BC = objectives.loo_cross_entropy(logits_BCV, canvas_BC, noisy_BC, alpha_BC)
-    return None, (jnp.sum(integrand_BC * weights_BC, -1), jnp.sum(recon_BC * weights_BC, -1))
-
-  _, (integrand_MB, recon_MB) = jax.lax.scan(one, None, (jnp.arange(num_t + 1), t_MB))
-  return integrand_MB[:num_t].T, recon_MB[num_t]
-
-
-def canvas_estimate(integrand_BM: np.ndarray, recon_B: np.ndarray, t_eps: float) -> np.ndarray:
-  """Bound per canvas (nats): (1 - t_eps) mean_m integrand + reconstruction."""
-  return (1.0 - t_eps) * np.mean(integrand_BM, axis=-1) + recon_B
-
-
-@functools.partial(sharding.jit_with_axis_rules, static_argnames=("model_cfg", "loss_cfg", "num_t", "self_conditioning"))
-def _diffusion_batch(params, rows, doc_B, canvas_B, seed, *, model_cfg: ModelConfig, loss_cfg: DiffusionLossConfig,
-                     num_t: int, self_conditioning: bool):
-  model = Transformer(model_cfg)
-  ctx, canvas = split_context_canvas(rows, loss_cfg.canvas_len)
-  batch = rows["tokens"].shape[0]
-  cache = init_cache(model_cfg, batch, ctx["tokens"].shape[1], dtype=jnp.dtype(model_cfg.dtype))
-  _, cache = model.apply({"params": params}, ctx["tokens"], ctx["positions"], ctx["segment_ids"], cache,
-                         return_logits=False, method=Transformer.encode)
-
-  def x0_logits_fn(noisy_BC, alpha_B):
-    decode = lambda sc: model.apply({"params": params}, noisy_BC, canvas["positions"], canvas["segment_ids"], cache,
-                                    sc_logits_BCV=sc, method=Transformer.decode)
-    logits_BCV = decode(None)
-    if self_conditioning and model_cfg.self_conditioning:  # training's second pass: pass-1 logits as the signal
-      logits_BCV = decode(logits_BCV)
-    alpha_BC = jnp.broadcast_to(alpha_B[:, None], noisy_BC.shape)
-    return objectives.x0_logits(loss_cfg.objective, logits_BCV, noisy_BC, alpha_BC)
-
-  keys_B = canvas_keys(seed, doc_B, canvas_B)
-  return canvas_bound_terms(x0_logits_fn, canvas["tokens"], canvas["segment_ids"] != 0, keys_B, num_t=num_t,
-                            loss_cfg=loss_cfg, vocab_size=model_cfg.vocab_size)
-
-
-@functools.partial(sharding.jit_with_axis_rules, static_argnames=("model_cfg",))
-def causal_nll(params, rows, target_weights_BL, *, model_cfg: ModelConfig):
-  """Exact NLL (nats) per row of the tokens at positions j >= 1 with target_weights_BL[:, j] != 0, each
-  predicted by the causal encoder from everything before it in the row (AR checkpoints, and the
-  reference model of eval/samples.py)."""
-  model = Transformer(model_cfg)
-  batch, length = rows["tokens"].shape
-  cache = init_cache(model_cfg, batch, length, dtype=jnp.dtype(model_cfg.dtype))
-  logits_BLV, _ = model.apply({"params": params}, rows["tokens"], rows["positions"], rows["segment_ids"], cache,
-                              return_logits=True, method=Transformer.encode)
-  ce_BT = objectives.cross_entropy(logits_BLV[:, :-1], rows["tokens"][:, 1:])
-  return jnp.sum(ce_BT * target_weights_BL[:, 1:].astype(jnp.float32), axis=-1)
-
-
-# ---- whole evaluation ----------------------------------------------------------------------------
-
-def ratio_stderr(values_R: np.ndarray, counts_R: np.ndarray) -> float:
-  """Standard error of sum(values) / sum(counts) over R units (delta method for a ratio of means)."""
-  values_R, counts_R = np.asarray(values_R, np.float64), np.asarray(counts_R, np.float64)
-  R = len(values_R)
-  if R < 2:
-    return float("nan")
-  ratio = values_R.sum() / counts_R.sum()
-  resid = values_R - ratio * counts_R
-  return float(np.sqrt(np.sum(resid ** 2) / (R * (R - 1))) / counts_R.mean())
-
-
-def summarize(canvas_nats_R: np.ndarray, canvas_tokens_R: np.ndarray, num_bytes: int) -> dict[str, float]:
-  """nats/token, bits per UTF-8 byte and perplexity (bound) with standard errors."""
-  tokens = float(np.sum(canvas_tokens_R))
-  nats = float(np.sum(canvas_nats_R))
-  nll = nats / tokens
-  se = ratio_stderr(canvas_nats_R, canvas_tokens_R)
-  bpb_per_nat = tokens / (num_bytes * LN2)  # nats/token -> bits/byte
-  return {"nats_per_token": nll, "nats_per_token_se": se, "bits_per_byte": nll * bpb_per_nat,
-          "bits_per_byte_se": se * bpb_per_nat, "perplexity": math.exp(nll), "perplexity_se": math.exp(nll) * se,
-          "tokens": int(tokens), "bytes": int(num_bytes), "total_nats": nats}
-
-
-def evaluate_documents(ckpt: checkpoints.Checkpoint, config: ml_collections.ConfigDict, docs: Sequence[Document],
-                       log=None) -> dict:
-  """The bound (diffusion) or exact NLL (AR) of `docs` under `ckpt`, with `config.eval` settings."""
-  ev = config.eval
-  canvas_len = int(config.diffusion.canvas_len)
-  context_len = int(ev.context_len) or int(config.data.seq_len) - canvas_len
-  num_t, batch_size = int(ev.num_t_samples), int(ev.batch_size)
-  if context_len <= 0:
-    raise ConfigError(f"eval.context_len: must be > 0, got {context_len}")
-  if num_t <= 0:
-    raise ConfigError(f"eval.num_t_samples: must be > 0, got {num_t}")
-  if batch_size <= 0:
-    raise ConfigError(f"eval.batch_size: must be > 0, got {batch_size}")
-  if not docs:
-    raise ConfigError("eval.data: no documents to score")
-  pad_id = ckpt.tokenizer.pad_id
-  rows = block_rows([d.tokens for d in docs], canvas_len, context_len, pad_id)
-  loss_cfg = DiffusionLossConfig.from_config(config)
-  is_ar = ckpt.objective == "ar"
-  start = time.perf_counter()
-  nats, recon, tokens = [], [], []
-  for i in range(0, len(rows), batch_size):
-    batch, doc_B, canvas_B = rows.batch(i, batch_size)
-    n = min(batch_size, len(rows) - i)
-    tokens.append((batch["segment_ids"][:n, -canvas_len:] != 0).sum(-1))
-    if is_ar:
-      canvas_w_BL = (batch["segment_ids"] != 0) & (np.arange(batch["tokens"].shape[1]) >= context_len)
-      nats.append(np.asarray(causal_nll(ckpt.params, batch, canvas_w_BL, model_cfg=ckpt.model_cfg))[:n])
-    else:
-      integrand_BM, recon_B = jax.device_get(_diffusion_batch(
-          ckpt.params, batch, doc_B, canvas_B, np.int32(ev.seed), model_cfg=ckpt.model_cfg, loss_cfg=loss_cfg,
-          num_t=num_t, self_conditioning=bool(ev.self_conditioning)))
-      nats.append(canvas_estimate(integrand_BM, recon_B, loss_cfg.t_eps)[:n])
-      recon.append(np.asarray(recon_B)[:n])
-    if log is not None:
-      log(f"  {min(i + batch_size, len(rows))}/{len(rows)} canvases")
-  nats_R, tokens_R = np.concatenate(nats), np.concatenate(tokens)
-  out = {"checkpoint": ckpt.path, "step": ckpt.step, "objective": ckpt.objective,
-         "measure": "exact_nll" if is_ar else "nelbo_bound", "documents": len(docs),
-         "complete_documents": sum(d.complete for d in docs), "canvases": len(rows), "canvas_len": canvas_len,
-         "context_len": context_len}
-  out.update(summarize(nats_R, tokens_R, sum(d.num_bytes for d in docs)))
-  if not is_ar:
-    out.update(num_t_samples=num_t, t_eps=loss_cfg.t_eps,
-               reconstruction_nats_per_token=float(np.sum(np.concatenate(recon)) / np.sum(tokens_R)))
-  out["wall_s"] = time.perf_counter() - start
-  return out
-
-
-def load_documents(tokenizer, config: ml_collections.ConfigDict) -> list[Document]:
-  """eval.data (or eval.split) as Documents, cut to eval.max_documents / eval.max_tokens."""
-  if int(config.eval.max_tokens) < 0 or int(config.eval.max_documents) < 0:
-    raise ConfigError("eval.max_tokens / eval.max_documents: must be >= 0 (0 = all)")
-  texts = read_texts(config, str(config.eval.data) or str(config.eval.split))
-  if int(config.eval.max_documents) > 0:
-    texts = texts[:int(config.eval.max_documents)]
-  return [cut_document(t, tokenizer, int(config.eval.max_tokens)) for t in texts]
-
-
-def ablation_metrics(ckpt: checkpoints.Checkpoint, config: ml_collections.ConfigDict) -> dict:
+def ablation_metrics(model: dgemma.Model) -> dict:
   """eval/ablate.py metric 'likelihood'."""
-  out = evaluate_documents(ckpt, config, load_documents(ckpt.tokenizer, config))
+  out = model.score(eval_texts(model.settings))
   return {k: out[k] for k in ("nats_per_token", "nats_per_token_se", "bits_per_byte", "perplexity", "tokens",
                               "wall_s")}
 
 
 def run(checkpoint: str, config: Optional[ml_collections.ConfigDict], *, step: int = -1, print_fn=print) -> dict:
-  """The CLI: validates everything cheap first, then loads, scores, prints (and writes eval.out)."""
-  run_config = checkpoints.resolve_config(checkpoint, config)
-  docs = load_documents(data_pipeline.prepare(run_config).tokenizer, run_config)  # bad data fails before loading
-  ckpt = checkpoints.load_checkpoint(checkpoint, config, step=step)
-  out = evaluate_documents(ckpt, ckpt.config, docs, log=lambda msg: print(msg, file=sys.stderr))
+  """The CLI: reads the texts first (bad data fails before any weight is read), then loads and scores."""
+  texts = eval_texts(cli_flags.checked_settings(checkpoint, config))
+  model = dgemma.load(checkpoint, step=step, config=config)
+  out = model.score(texts)
   text = json.dumps(out, indent=2)
   print_fn(text)
-  if ckpt.config.eval.out:
-    checkpointing.write_text_atomic(ckpt.config.eval.out, text + "\n")
+  if model.settings.eval.out:
+    files.write_text_atomic(model.settings.eval.out, text + "\n")
   return out
 
 
 def main(argv):
-  from absl import app
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  try:
-    run(_CHECKPOINT.value, checkpoints.cli_config(_CONFIG.value, _CHECKPOINT.value, _FLAGS), step=_STEP.value)
-  except (ConfigError, FileNotFoundError) as e:
-    sys.exit(f"eval.likelihood: {e}")
+  cli_flags.run_eval(argv, run)
 
 
 if __name__ == "__main__":
-  from absl import app, flags
-  from ml_collections import config_flags
-  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config whose `eval` (and for a params checkpoint "
-                                            "also data/diffusion) settings to use (optional for a workdir).")
-  _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir or params checkpoint.", required=True)
-  _STEP = flags.DEFINE_integer("step", -1, "Training step of a workdir (-1 = latest).")
-  _FLAGS = {
-      "data": flags.DEFINE_string("data", None, "eval.data: a .txt/.jsonl file or a split name."),
-      "num_t_samples": flags.DEFINE_integer("num_t_samples", None, "eval.num_t_samples."),
-      "max_tokens": flags.DEFINE_integer("max_tokens", None, "eval.max_tokens (per document)."),
-      "max_documents": flags.DEFINE_integer("max_documents", None, "eval.max_documents."),
-      "context_len": flags.DEFINE_integer("context_len", None, "eval.context_len."),
-      "out": flags.DEFINE_string("out", None, "eval.out: write the summary JSON here."),
-  }
-  app.run(main)
+  cli_flags.define(
+      data=("string", "eval.data: a .txt/.jsonl file or a split name."),
+      num_t_samples=("integer", "eval.num_t_samples."),
+      max_tokens=("integer", "eval.max_tokens (per document)."),
+      max_documents=("integer", "eval.max_documents."),
+      context_len=("integer", "eval.context_len."),
+      out=("string", "eval.out: write the summary JSON here."))
+  cli_flags.main(main, "eval.likelihood")

@@ -53,12 +53,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dgemma import checkpointing, quant, tokenizers, trainer
-from dgemma import config as config_lib
+import dgemma
+from dgemma import api, checkpoints, files, tokenizers
+from dgemma import data as data_lib
+from dgemma import settings as settings_lib
 from dgemma.data import sudoku
-from dgemma.model import ModelConfig, Transformer
-from dgemma.model.config import ConfigError
-from dgemma.sampling import SamplerConfig, ar_generate, check_request, generate
+from dgemma.errors import ConfigError
+from dgemma.model import Transformer
+from dgemma.sampling import ar_generate, check_request, generate
+from dgemma.tools import cli
 
 
 def prediction_grid(text: str) -> np.ndarray:
@@ -92,19 +95,11 @@ def score(puzzles: Sequence[str], solutions: Sequence[str], predictions: Sequenc
   return metrics, records
 
 
-def _run_config(checkpoint: str):
-  path = Path(checkpoint) / "config.json"
-  if not path.is_file():
-    raise FileNotFoundError(f"--checkpoint: {path} not found: is {checkpoint} a dgemma training workdir?")
-  return config_lib.from_json(path.read_text())
-
-
 def _configured_run(checkpoint: str, overrides: dict[str, Any] | None):
-  """The run's config.json with the sample overrides applied, validated (before loading any weights)."""
-  config = _run_config(checkpoint)
+  """The run's config with the sample overrides applied, and its checked settings (no weights read)."""
+  config = api.run_config(checkpoints.header(checkpoint))
   apply_sample_overrides(config, overrides or {})
-  config_lib.validate(config)
-  return config
+  return config, settings_lib.from_config(config)
 
 
 def apply_sample_overrides(config, overrides: dict[str, Any]) -> None:
@@ -123,13 +118,14 @@ def sample_key(seed: int, index: int, candidate: int = 0) -> jax.Array:
   return key if candidate == 0 else jax.random.fold_in(key, candidate)
 
 
-def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_size: int = 50,
+def solve_puzzles(model: dgemma.Model, puzzles: Sequence[str], *, batch_size: int = 50,
                   seed: int | None = None, indices: Sequence[int] | None = None, candidate: int = 0,
                   keep: Sequence[tuple[str, np.ndarray]] | None = None, hold_givens: bool | None = None) -> list[str]:
   """Decoded 81-character predictions (non-digits kept as '.'), one per puzzle, in order.
 
-  Diffusion: `generate` with SamplerConfig.from_config(config) (config.sample); AR objective:
-  greedy `ar_generate`. Batches are padded to `batch_size` rows (one compiled program).
+  Diffusion: `generate` with the model's sampler settings (model.settings.sample, weights as loaded,
+  sample.quantize included); AR objective: greedy `ar_generate`. Batches are padded to `batch_size` rows
+  (one compiled program).
   indices: each puzzle's row in its CSV (default 0..n-1) and candidate: which sample of it; together
   they pick the row's key (`sample_key`).
   keep: per puzzle, (81-character text, bool[81]) cells held fixed in the canvas (the sampler's
@@ -137,19 +133,19 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
   hold_givens: also hold each puzzle's givens in the canvas; None = as the run was trained
     (data.sudoku.infill_givens).
   """
+  settings = model.settings
   tokenizer = tokenizers.ByteTokenizer()
-  model = Transformer(model_cfg)
-  params = quant.quantize_params(params, quant.QuantConfig.from_config(config))  # sample.quantize ('none': as is)
-  is_ar = config.diffusion.objective == "ar"
-  sampler_cfg = None if is_ar else SamplerConfig.from_config(config)
-  seed = int(config.sample.seed if seed is None else seed)
+  net, params = Transformer(model.model_cfg), model.params
+  is_ar = settings.objective.autoregressive
+  sampler_cfg = None if is_ar else settings.canvas_sampler
+  seed = settings.sample.seed if seed is None else int(seed)
   prompts = np.stack([sudoku.prompt_tokens(p, tokenizer) for p in puzzles]) if puzzles else np.zeros((0, 82))
   batch_size = max(1, min(batch_size, len(puzzles)))
   if sampler_cfg is not None:
     check_request(sampler_cfg, batch=batch_size, prompt_len=sudoku.CONTEXT_LEN, max_new_tokens=sudoku.NUM_CELLS)
   lengths = np.full((batch_size,), sudoku.CONTEXT_LEN, np.int32)
   indices = np.arange(len(puzzles)) if indices is None else np.asarray(indices)
-  hold_givens = holds_givens(config, hold_givens)
+  hold_givens = holds_givens(settings, hold_givens)
   if is_ar and (keep is not None or hold_givens):
     raise ConfigError("keep / --hold_givens: held cells need a diffusion run (the AR baseline decodes left to right)")
   if hold_givens:
@@ -168,23 +164,23 @@ def solve_puzzles(config, model_cfg, params, puzzles: Sequence[str], *, batch_si
     rows = np.concatenate([rows, np.repeat(rows[-1:], batch_size - n)])
     keys = jnp.stack([sample_key(seed, int(i), candidate) for i in rows])
     if is_ar:
-      tokens, _ = ar_generate(model, params, chunk, lengths, keys, max_new_tokens=sudoku.NUM_CELLS,
+      tokens, _ = ar_generate(net, params, chunk, lengths, keys, max_new_tokens=sudoku.NUM_CELLS,
                               temperature=0.0, end_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
     else:
       infill = {} if keep is None else dict(infill_tokens_BN=pad_rows(keep_tokens[start:start + batch_size]),
                                             infill_mask_BN=pad_rows(keep_mask[start:start + batch_size]))
-      tokens = generate(model, params, chunk, lengths, sampler_cfg, keys, max_new_tokens=sudoku.NUM_CELLS,
+      tokens = generate(net, params, chunk, lengths, sampler_cfg, keys, max_new_tokens=sudoku.NUM_CELLS,
                         **infill).tokens_BN
     tokens = np.asarray(jax.device_get(tokens))[:n]
     texts.extend(_decode_cells(row, tokenizer) for row in tokens)
   return texts
 
 
-def holds_givens(config, hold_givens: bool | None) -> bool:
+def holds_givens(settings, hold_givens: bool | None) -> bool:
   """Whether the givens are held in the canvas: `hold_givens`, or None = as the run was trained
   (data.sudoku.infill_givens; never for the AR baseline)."""
   if hold_givens is None:
-    return sudoku.infill_givens(config) and config.diffusion.objective != "ar"
+    return settings.data.sudoku.infill_givens and not settings.objective.autoregressive
   return bool(hold_givens)
 
 
@@ -220,7 +216,7 @@ _UNITS = ([np.arange(9) + 9 * r for r in range(9)] + [np.arange(0, 81, 9) + c fo
 RETRIES = ("resample", "repair")
 
 
-def solve_with_candidates(config, model_cfg, params, puzzles: Sequence[str], candidates: int, *,
+def solve_with_candidates(model: dgemma.Model, puzzles: Sequence[str], candidates: int, *,
                           retry: str = "resample", batch_size: int = 50,
                           hold_givens: bool | None = None) -> tuple[list[str], list[int], int]:
   """Generate and verify: up to `candidates` samples per puzzle, drawn in rounds; a puzzle whose
@@ -231,7 +227,7 @@ def solve_with_candidates(config, model_cfg, params, puzzles: Sequence[str], can
   outside `conflict_cells` fixed and re-noises only the conflicting ones (infilling)."""
   if retry not in RETRIES:
     raise ConfigError(f"--retry: {retry!r} not in {RETRIES}")
-  texts = solve_puzzles(config, model_cfg, params, puzzles, batch_size=batch_size, hold_givens=hold_givens)
+  texts = solve_puzzles(model, puzzles, batch_size=batch_size, hold_givens=hold_givens)
   latest = list(texts)
   chosen, drawn = [0] * len(puzzles), len(puzzles)
   grids = [sudoku.parse_grid(p) for p in puzzles]
@@ -242,7 +238,7 @@ def solve_with_candidates(config, model_cfg, params, puzzles: Sequence[str], can
     keep = None
     if retry == "repair":
       keep = [(latest[i], ~conflict_cells(prediction_grid(latest[i]), grids[i])) for i in open_rows]
-    again = solve_puzzles(config, model_cfg, params, [puzzles[i] for i in open_rows], batch_size=batch_size,
+    again = solve_puzzles(model, [puzzles[i] for i in open_rows], batch_size=batch_size,
                           indices=open_rows, candidate=c, keep=keep, hold_givens=hold_givens)
     drawn += len(open_rows)
     for i, text in zip(open_rows, again):
@@ -259,59 +255,60 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
   """Runs the benchmark; returns the metrics (also written next to the predictions).
   candidates > 1: generate and verify (`solve_with_candidates`), a diffusion run only.
   hold_givens: hold the givens in the canvas (None: as the run was trained, data.sudoku.infill_givens)."""
-  config = _configured_run(checkpoint, overrides)
+  config, settings = _configured_run(checkpoint, overrides)
   if candidates < 1:
     raise ConfigError(f"--candidates must be >= 1, got {candidates}")
   if retry not in RETRIES:
     raise ConfigError(f"--retry: {retry!r} not in {RETRIES}")
-  if candidates > 1 and config.diffusion.objective == "ar":
+  if candidates > 1 and settings.objective.autoregressive:
     raise ConfigError("--candidates > 1 needs a diffusion run: the AR baseline decodes greedily, so every "
                       "candidate would be the same")
-  if config.diffusion.objective != "ar":
-    SamplerConfig.from_config(config)  # bad sampler settings fail before loading anything
-  quant.check(ModelConfig.from_config_dict(config.model), quant.QuantConfig.from_config(config))
+  if not settings.objective.autoregressive:
+    settings.canvas_sampler  # pylint: disable=pointless-statement  (bad sampler settings fail before loading)
   rows = sudoku.read_csv(puzzles_csv)
   if limit > 0:
     rows = rows[:limit]
-  config, model_cfg, params, step = _with_params(checkpoint, config, step)
+  model = _load_sudoku_run(checkpoint, config, settings, step)
   start = time.perf_counter()
-  hold_givens = holds_givens(config, hold_givens)
-  predictions, chosen, drawn = solve_with_candidates(config, model_cfg, params, [p for p, _ in rows], candidates,
+  hold_givens = holds_givens(settings, hold_givens)
+  predictions, chosen, drawn = solve_with_candidates(model, [p for p, _ in rows], candidates,
                                                      retry=retry, batch_size=batch_size, hold_givens=hold_givens)
   seconds = time.perf_counter() - start
   metrics, records = score([p for p, _ in rows], [s for _, s in rows], predictions)
   for record, c in zip(records, chosen):
     record["candidate"] = c
-  variant = "ar_greedy" if config.diffusion.objective == "ar" else f"{config.sample.sampler}_renoise_{config.sample.renoise}"
+  sampler = settings.sample.sampler
+  variant = "ar_greedy" if settings.objective.autoregressive else f"{sampler.sampler}_renoise_{sampler.renoise}"
   if hold_givens:
     variant += "_givens_held"
-  if config.sample.quantize != "none":
-    variant += f"_{config.sample.quantize}"
+  if settings.sample.quant.scheme != "none":
+    variant += f"_{settings.sample.quant.scheme}"
   if candidates > 1:
     variant += f"_{retry}_verified_of_{candidates}"
     metrics.update(candidates=candidates, samples_drawn=drawn,
                    solved_by_candidate=[sum(1 for r, c in zip(records, chosen) if r["solved"] and c == k)
                                         for k in range(candidates)])
   metrics.update(variant=variant, givens_held=bool(hold_givens),
-                 checkpoint=str(checkpoint), step=int(step), puzzles=str(puzzles_csv),
+                 checkpoint=str(checkpoint), step=int(model.step), puzzles=str(puzzles_csv),
                  seconds=round(seconds, 2), sample_overrides=dict(overrides or {}))
   out = Path(predictions_path or Path(checkpoint) / f"sudoku_predictions_{variant}.jsonl")
-  checkpointing.write_text_atomic(out, "".join(json.dumps(r) + "\n" for r in records))
-  checkpointing.write_text_atomic(out.with_suffix(".metrics.json"), json.dumps(metrics, indent=2) + "\n")
-  print_fn(f"{variant} (step {step}): solve rate {metrics['solve_rate']:.4f}, cell accuracy "
+  files.write_text_atomic(out, "".join(json.dumps(r) + "\n" for r in records))
+  files.write_text_atomic(out.with_suffix(".metrics.json"), json.dumps(metrics, indent=2) + "\n")
+  print_fn(f"{variant} (step {model.step}): solve rate {metrics['solve_rate']:.4f}, cell accuracy "
            f"{metrics['cell_accuracy']:.4f}, blank accuracy {metrics['blank_accuracy']:.4f} on {len(rows)} puzzles "
            f"({seconds:.1f}s); predictions -> {out}")
   return metrics
 
 
-def probe_holes(config, model_cfg, params, rows: Sequence[tuple[str, str]], holes: Sequence[int], *, seed: int = 0,
+def probe_holes(model: dgemma.Model, rows: Sequence[tuple[str, str]], holes: Sequence[int], *, seed: int = 0,
                 batch_size: int = 50, hold_givens: bool | None = None) -> dict[int, float]:
   """What the model knows, apart from the sampler: for each k in `holes`, k random blank cells of each
   puzzle (0 or more than it has: all of them) are hidden and every other cell is held at the reference
   solution (the sampler's infilling); one decoder pass, argmax. Returns {k: accuracy on the hidden cells}.
   Cells are drawn from np.random.default_rng(seed), in puzzle order, k by k."""
-  probe_config = config.copy_and_resolve_references()
+  probe_config = model.config.copy_and_resolve_references()
   probe_config.sample.max_denoising_steps = 1
+  one_pass = model.with_config(probe_config)
   rng = np.random.default_rng(seed)
   puzzles = [p for p, _ in rows]
   out = {}
@@ -324,8 +321,7 @@ def probe_holes(config, model_cfg, params, rows: Sequence[tuple[str, str]], hole
       held[cells] = False
       keep.append((solution, held))
       hidden.append(cells)
-    texts = solve_puzzles(probe_config, model_cfg, params, puzzles, batch_size=batch_size, keep=keep,
-                          hold_givens=hold_givens)
+    texts = solve_puzzles(one_pass, puzzles, batch_size=batch_size, keep=keep, hold_givens=hold_givens)
     hits = sum(int(texts[r][i] == rows[r][1][i]) for r, cells in enumerate(hidden) for i in cells)
     out[int(k)] = hits / max(sum(len(c) for c in hidden), 1)
   return out
@@ -335,43 +331,37 @@ def probe(checkpoint: str, puzzles_csv: str, holes: Sequence[int], *, overrides:
           batch_size: int = 50, limit: int = 0, step: int = -1, hold_givens: bool | None = None,
           print_fn=print) -> dict:
   """`probe_holes` on a run and a CSV; writes <checkpoint>/sudoku_probe.json and returns it."""
-  config = _configured_run(checkpoint, overrides)
-  if config.diffusion.objective == "ar":
+  config, settings = _configured_run(checkpoint, overrides)
+  if settings.objective.autoregressive:
     raise ConfigError("--probe: needs a diffusion run (holes are filled in one denoising pass)")
   rows = sudoku.read_csv(puzzles_csv)
   rows = rows[:limit] if limit > 0 else rows
-  config, model_cfg, params, step = _with_params(checkpoint, config, step)
-  accuracy = probe_holes(config, model_cfg, params, rows, holes, batch_size=batch_size, hold_givens=hold_givens)
-  result = dict(checkpoint=str(checkpoint), step=int(step), puzzles=str(puzzles_csv), num_puzzles=len(rows),
+  model = _load_sudoku_run(checkpoint, config, settings, step)
+  accuracy = probe_holes(model, rows, holes, batch_size=batch_size, hold_givens=hold_givens)
+  result = dict(checkpoint=str(checkpoint), step=int(model.step), puzzles=str(puzzles_csv), num_puzzles=len(rows),
                 hidden_cell_accuracy={str(k): v for k, v in accuracy.items()})
-  checkpointing.write_text_atomic(Path(checkpoint) / "sudoku_probe.json", json.dumps(result, indent=2) + "\n")
+  files.write_text_atomic(Path(checkpoint) / "sudoku_probe.json", json.dumps(result, indent=2) + "\n")
   print_fn(json.dumps(result))
   return result
 
 
-def _with_params(checkpoint, config, step):
-  if config.data.source != "sudoku":
-    raise ConfigError(f"--checkpoint: {checkpoint} was trained with data.source={config.data.source!r}, not 'sudoku'")
-  model_cfg, params, step = trainer.load_params(checkpoint, config, step)
-  return config, model_cfg, params, step
+def _load_sudoku_run(checkpoint: str, config, settings, step: int) -> dgemma.Model:
+  if settings.data.source != "sudoku":
+    raise ConfigError(f"--checkpoint: {checkpoint} was trained with data.source={settings.data.source!r}, not 'sudoku'")
+  return dgemma.load(checkpoint, step=step, config=config)
 
 
-def ablation_metrics(checkpoint, config) -> dict:
+def ablation_metrics(model: dgemma.Model) -> dict:
   """Metric 'sudoku' of the ablation runner (`python -m eval.ablate`, eval/ablate.py): the benchmark on
   the run's held-out validation puzzles (data.sudoku.validation_csv, or the generated validation split,
-  a seed stream disjoint from training), decoded with `config`'s sample settings.
-
-  checkpoint: an eval.checkpoints.Checkpoint (uses .config, .model_cfg, .params); config: the run's
-  config with the setting's evaluation overrides applied.
-  """
-  from dgemma.data import pipeline
-  if checkpoint.config.data.source != "sudoku":
+  a seed stream disjoint from training), decoded with the model's (the setting's) sample settings."""
+  if model.settings.data.source != "sudoku":
     raise ConfigError(f"metric: 'sudoku' needs a run trained with data.source='sudoku', got "
-                      f"{checkpoint.config.data.source!r}")
-  source = pipeline.prepare(checkpoint.config).data_source("validation")
+                      f"{model.settings.data.source!r}")
+  source = data_lib.prepare(model.settings).data_source("validation")
   rows = [(source[i]["puzzle"], source[i]["solution"]) for i in range(len(source))]
   start = time.perf_counter()
-  predictions = solve_puzzles(config, checkpoint.model_cfg, checkpoint.params, [p for p, _ in rows])
+  predictions = solve_puzzles(model, [p for p, _ in rows])
   metrics, _ = score([p for p, _ in rows], [s for _, s in rows], predictions)
   metrics["seconds"] = round(time.perf_counter() - start, 2)
   return metrics
@@ -427,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     evaluate(args.checkpoint, args.puzzles, overrides=overrides, predictions_path=args.predictions,
              batch_size=args.batch_size, limit=args.limit, step=args.step, candidates=args.candidates,
              retry=args.retry, hold_givens=hold_givens)
-  except (ConfigError, FileNotFoundError, ValueError) as e:
+  except cli.USER_ERRORS + (ValueError,) as e:
     sys.exit(f"eval.sudoku: {e}")
 
 

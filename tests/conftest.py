@@ -52,3 +52,34 @@ def tiny_config(corpus_file, tmp_path_factory):
   config.data.cache_dir = str(tmp_path_factory.getbasetemp() / "data_cache")
   config.train.async_checkpointing = False
   return config
+
+
+# The fast tier (`make test-fast` = `-m "not slow"`, < 3 min on 2 cores with a warm compile cache) must
+# stay fast. Besides the tests that resume / restart whole training runs several times, a test that starts a subprocess
+# (8 virtual devices and multi-process runs are subprocesses) or builds the torch reference (HF parity:
+# `transformers`) is marked `@pytest.mark.slow`. Enforced here rather than by convention: outside a slow
+# test, starting a process fails the test, and so does a test that leaves `transformers` imported when it
+# was not before. (torch itself is not the signal: tensorboardX, the metric writer's backend, imports it
+# whenever it is installed, as it is in the test environment.)
+class _SubprocessInFastTest(AssertionError):
+  pass
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(request, monkeypatch):
+  if request.node.get_closest_marker("slow") is not None:
+    yield
+    return
+  import subprocess
+  import sys
+
+  def refuse(*args, **kwargs):
+    raise _SubprocessInFastTest(f"{request.node.nodeid} starts a subprocess ({args[:1]}): mark it "
+                                "@pytest.mark.slow (tests/conftest.py, the fast tier)")
+
+  monkeypatch.setattr(subprocess, "Popen", refuse)  # what subprocess.run / check_output call
+  hf_before = "transformers" in sys.modules
+  yield
+  if not hf_before and "transformers" in sys.modules:
+    pytest.fail(f"{request.node.nodeid} imports transformers: torch parity tests are marked @pytest.mark.slow "
+                "(tests/conftest.py, the fast tier)")

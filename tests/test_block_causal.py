@@ -14,8 +14,9 @@ import numpy as np
 
 from configs.models import tiny
 from dgemma import diffusion
+from dgemma.settings import DiffusionSettings
 from dgemma.model import ModelConfig, Transformer, init_cache
-from tests.model_utils import random_params
+from tests.model_utils import f64_config, float64, random_params, to_f64
 
 B, L, C, K = 2, 40, 8, 3
 P = L - K * C  # clean prefix before the first canvas
@@ -56,7 +57,7 @@ def _cut_rows(batch):
 
 
 def _loss_cfg(k, self_cond_prob=0.5):
-  return diffusion.DiffusionLossConfig(canvas_len=C, self_cond_prob=self_cond_prob, canvases_per_row=k)
+  return DiffusionSettings(canvas_len=C, self_cond_prob=self_cond_prob, canvases_per_row=k)
 
 
 @functools.cache
@@ -90,20 +91,20 @@ def test_one_forward_equals_a_loop_over_canvases():
   assert any(sc) and not all(sc), sc
 
 
-def _decode_both(params, batch, cut, noisy_BKC, sc_logits_BKCV, sc_mask_BK):
+def _decode_both(params, batch, cut, noisy_BKC, sc_logits_BKCV, sc_mask_BK, cfg=CFG):
   """Per-canvas logits of the one-forward block-causal decoder and of the per-canvas loop."""
-  model = Transformer(CFG)
+  model = Transformer(cfg)
   apply = lambda *a, **k: model.apply({"params": params}, *a, **k)
   ctx = {k: v[:, :L - C] for k, v in batch.items()}
   can = {k: v[:, P:] for k, v in batch.items()}
-  _, cache = apply(ctx["tokens"], ctx["positions"], ctx["segment_ids"], init_cache(CFG, B, L - C),
+  _, cache = apply(ctx["tokens"], ctx["positions"], ctx["segment_ids"], init_cache(cfg, B, L - C),
                    return_logits=False, method=Transformer.encode)
   many = apply(noisy_BKC.reshape(B, K * C), can["positions"], can["segment_ids"], cache,
                sc_logits_BCV=sc_logits_BKCV.reshape(B, K * C, -1),
                sc_mask_B=jnp.repeat(sc_mask_BK, C, axis=1), num_canvases=K, method=Transformer.decode)
   cctx = {k: v[:, :L - C] for k, v in cut.items()}
   ccan = {k: v[:, L - C:] for k, v in cut.items()}
-  _, ccache = apply(cctx["tokens"], cctx["positions"], cctx["segment_ids"], init_cache(CFG, B * K, L - C),
+  _, ccache = apply(cctx["tokens"], cctx["positions"], cctx["segment_ids"], init_cache(cfg, B * K, L - C),
                     return_logits=False, method=Transformer.encode)
   loop = apply(noisy_BKC.reshape(B * K, C), ccan["positions"], ccan["segment_ids"], ccache,
                sc_logits_BCV=sc_logits_BKCV.reshape(B * K, C, -1), sc_mask_B=sc_mask_BK.reshape(-1),
@@ -112,17 +113,25 @@ def _decode_both(params, batch, cut, noisy_BKC, sc_logits_BKCV, sc_mask_BK):
 
 
 def test_per_canvas_logits_and_no_leak_between_canvases():
-  params = random_params(CFG)
+  # In float64 (tests/model_utils.py): one forward and the per-canvas loop have different shapes, so
+  # different fp32 reduction orders (|logits| ~ 4, CPU-dependent round-off up to ~1e-4); in float64 they
+  # agree to ~1e-13, so atol 1e-9 holds anywhere, while a mask error moves them by > 1e-2.
+  with float64():
+    _per_canvas_logits_and_no_leak_between_canvases()
+
+
+def _per_canvas_logits_and_no_leak_between_canvases():
+  params = to_f64(random_params(CFG))
   batch = _batch()
   g = np.random.default_rng(1)
   noisy = jnp.asarray(g.integers(0, CFG.vocab_size, (B, K, C)), jnp.int32)
-  sc_logits = jnp.asarray(g.normal(0, 3, (B, K, C, CFG.vocab_size)), jnp.float32)
+  sc_logits = jnp.asarray(g.normal(0, 3, (B, K, C, CFG.vocab_size)), jnp.float64)
   sc_mask = jnp.asarray([[True, False, True], [False, True, True]])
-  fn = jax.jit(_decode_both)
+  fn = jax.jit(functools.partial(_decode_both, cfg=f64_config(CFG)))
   many, loop = fn(params, batch, _cut_rows(batch), noisy, sc_logits, sc_mask)
+  assert many.dtype == jnp.float64
   valid = (batch["segment_ids"][:, P:] != 0).reshape(B, K, C)
-  # fp32 round-off of different shapes (|logits| ~ 4; a mask error moves them by > 1e-2).
-  np.testing.assert_allclose(np.asarray(many)[valid], np.asarray(loop)[valid], atol=2e-4, rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(many)[valid], np.asarray(loop)[valid], atol=1e-9, rtol=0)
   # Perturbing canvas 1's noisy tokens and self-conditioning input changes canvas 1 only.
   noisy2 = noisy.at[:, 1].set((noisy[:, 1] + 7) % CFG.vocab_size)
   sc2 = sc_logits.at[:, 1].multiply(-1.0)
@@ -143,4 +152,4 @@ def test_per_canvas_logits_and_no_leak_between_canvases():
   many4 = np.asarray(many4)
   np.testing.assert_array_equal(many4[:, 0], many[:, 0])
   assert np.abs(many4[:, 1:] - many[:, 1:]).max() > 1e-2
-  np.testing.assert_allclose(many4[valid], np.asarray(loop4)[valid], atol=2e-4, rtol=1e-4)
+  np.testing.assert_allclose(many4[valid], np.asarray(loop4)[valid], atol=1e-9, rtol=0)

@@ -1,6 +1,7 @@
-"""eval/likelihood.py: the batched block-AR bound against a slow per-canvas loop with the facts file's
-literal formula, the Monte-Carlo estimator against known entropies, the AR exact NLL, units, and the
-checkpoint loader's errors."""
+"""The likelihood estimator (dgemma/diffusion/likelihood.py, behind eval/likelihood.py and Model.score): the
+batched block-AR bound against a slow per-canvas loop with the facts file's literal formula, the Monte-Carlo
+estimator against known entropies, the AR exact NLL, units, the checks before anything is allocated, and the
+loader's errors."""
 
 import json
 import math
@@ -10,12 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dgemma import checkpoint_io, config as config_lib
-from dgemma.diffusion import DiffusionLossConfig, corrupt_rows
-from dgemma.model import ConfigError, Transformer, init_cache
+import dgemma
+from dgemma import settings as settings_lib
+from dgemma.checkpoints import params as params_ckpt
+from dgemma.settings import DiffusionSettings
+from dgemma.diffusion import corrupt_rows, likelihood
+from dgemma.errors import ConfigError
+from dgemma.model import Transformer, init_cache
 from dgemma.tokenizers import ByteTokenizer
-from eval import checkpoints, likelihood
-from tests.model_utils import random_params
+from eval import likelihood as eval_likelihood
+from tests.model_utils import random_params, save_random_run
 from tests.test_objectives import _softmax, ref_nelbo
 
 TEXTS = ("thou art fair; the king doth go", "h\u00e9llo \u20ac!")  # 32 + 12 scored tokens; multi-byte UTF-8
@@ -66,7 +71,7 @@ def test_canvas_bound_terms_match_the_literal_formula():
   x_BC = rng.integers(0, V, (B, C)).astype(np.int32)
   w_BC = np.ones((B, C), bool)
   w_BC[2, 3:] = False  # a partial canvas
-  loss_cfg = DiffusionLossConfig(canvas_len=C, objective="base_ce")
+  loss_cfg = DiffusionSettings(canvas_len=C, objective="base_ce")
   keys_B = likelihood.canvas_keys(5, jnp.arange(B), jnp.full((B,), 2))
   fn = lambda z_BC, alpha_B: jnp.asarray(W, jnp.float32)[z_BC] + jnp.asarray(U, jnp.float32)
   integrand_BM, recon_B = likelihood.canvas_bound_terms(fn, jnp.asarray(x_BC), jnp.asarray(w_BC), keys_B, num_t=M,
@@ -77,6 +82,8 @@ def test_canvas_bound_terms_match_the_literal_formula():
     times, z_MC = _draws(keys_B[b], C, M, loss_cfg.t_eps, V, x_BC[b, :n])
     logits = np.stack([W[z_MC[m]] + U[:n] for m in range(M + 1)])
     slow, slow_recon = _literal_canvas_bound(logits, x_BC[b, :n], z_MC, times, loss_cfg.t_eps)
+    # fp32 vs float64 (which also sees W, U unrounded): measured <= 5% of rtol 1e-5 and <= 10% of the
+    # reconstruction's 1e-4 (a V = 7 posterior normalised in fp32); a formula error is >> 1e-3
     np.testing.assert_allclose(fast[b], slow, rtol=1e-5)
     np.testing.assert_allclose(recon_B[b], slow_recon, rtol=1e-4, atol=1e-4)
 
@@ -86,15 +93,20 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
   encode / decode per canvas and the literal formulas. The two programs differ in layout and shapes, so
   model logits agree only to ~1e-4 in fp32, which the NELBO's 1/t weight amplifies: rtol 2e-3."""
   config = _config(tiny_config)
-  model_cfg = config_lib.validate(config)
+  model_cfg = settings_lib.from_config(config).model
   params = random_params(model_cfg)
   tok = ByteTokenizer()
   docs = [likelihood.cut_document(t, tok, 0) for t in TEXTS]
   assert [d.num_scored for d in docs] == [32, 12]
-  ckpt = checkpoints.Checkpoint("random", "params", config, model_cfg, params, None)
-  out = likelihood.evaluate_documents(ckpt, config, docs)
+
+  def evaluate(config):
+    st = settings_lib.from_config(config)
+    return likelihood.score_documents(params, model_cfg, st.diffusion, st.eval, docs, seq_len=st.data.seq_len,
+                                      pad_id=tok.pad_id, max_positions=st.sample.sampler.max_context)
+
+  out = evaluate(config)
   assert out["canvases"] == 3 and out["measure"] == "nelbo_bound"
-  loss_cfg = DiffusionLossConfig.from_config(config)
+  loss_cfg = settings_lib.from_config(config).diffusion
   model = Transformer(model_cfg)
   K, C, M, V = 16, 16, 2, model_cfg.vocab_size
 
@@ -132,15 +144,15 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
   # units: every scored token is an id or EOS; bits per UTF-8 byte of the original text
   n_bytes = sum(len(t.encode("utf-8")) for t in TEXTS)
   assert out["tokens"] == 44 and out["bytes"] == n_bytes == 42
+  # unit conversions of one float64 total: the same formulas
   np.testing.assert_allclose(out["bits_per_byte"], out["total_nats"] / n_bytes / math.log(2), rtol=1e-6)
   np.testing.assert_allclose(out["perplexity"], math.exp(out["total_nats"] / 44), rtol=1e-6)
   assert out["nats_per_token_se"] > 0
-  assert likelihood.evaluate_documents(ckpt, config, docs)["total_nats"] == out["total_nats"]  # deterministic
+  assert evaluate(config)["total_nats"] == out["total_nats"]  # deterministic
 
   # AR: the exact NLL of the same canvases given the same windows, against per-canvas prefix scoring
   config.diffusion.objective = "ar"
-  ar = likelihood.evaluate_documents(checkpoints.Checkpoint("random", "params", config, model_cfg, params, None),
-                                     config, docs)
+  ar = evaluate(config)
   assert ar["measure"] == "exact_nll" and ar["tokens"] == 44
   score_row = jax.jit(lambda r, n: model.apply(  # right-padded rows of K + C slots, the first n real
       {"params": params}, r[None], jnp.arange(K + C)[None], (jnp.arange(K + C) < n).astype(jnp.int32)[None],
@@ -152,6 +164,8 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
       logp = jax.nn.log_softmax(np.asarray(score_row(right_pad(row, K + C), len(row))[0], np.float64), axis=-1)
       first = min(s, K)  # index of the canvas's first token in `row`
       slow_ar -= sum(float(logp[i - 1, row[i]]) for i in range(first, len(row)))
+  # another program layout (fp32 model round-off, ~1e-4 on a logit, i.e. on one token's NLL) summed over
+  # 44 tokens of ~6 nats each: <= 44 * 2e-4 absolute, rtol 1e-4 of ~270 nats = 0.027
   np.testing.assert_allclose(ar["total_nats"], slow_ar, rtol=1e-4)
 
 
@@ -169,7 +183,7 @@ def test_estimator_is_tight_for_an_iid_source_and_bounds_other_denoisers(objecti
     pi /= pi.sum()
   entropy = float(-np.sum(pi[pi > 0] * np.log(pi[pi > 0])))
   x_BC = jnp.asarray(rng.choice(V, size=(B, C), p=pi), jnp.int32)
-  loss_cfg = DiffusionLossConfig(canvas_len=C, objective=objective, mask_id=4)
+  loss_cfg = DiffusionSettings(canvas_len=C, objective=objective, mask_id=4)
   keys_B = likelihood.canvas_keys(0, jnp.arange(B), jnp.zeros(B, jnp.int32))
   wrong = rng.dirichlet(np.ones(V))
   if objective == "mdlm":
@@ -216,20 +230,50 @@ def test_units_and_document_cutting():
 
 def test_checkpoint_errors(tmp_path, tiny_config):
   with pytest.raises(FileNotFoundError, match="does not exist"):
-    checkpoints.load_checkpoint(tmp_path / "nope")
-  with pytest.raises(FileNotFoundError, match="neither a training workdir"):
-    checkpoints.load_checkpoint(tmp_path)
+    dgemma.load(tmp_path / "nope")
+  with pytest.raises(FileNotFoundError, match="is none of: a training workdir"):
+    dgemma.load(tmp_path)
   ckpt_dir = tmp_path / "params_ckpt"
-  ckpt_dir.mkdir()
-  model_cfg = config_lib.validate(tiny_config)
-  (ckpt_dir / checkpoint_io.MODEL_CONFIG).write_text(json.dumps(model_cfg.to_dict()))
-  with pytest.raises(ConfigError, match="pass --config"):
-    checkpoints.load_checkpoint(ckpt_dir)
+  (ckpt_dir / params_ckpt.PARAMS).mkdir(parents=True)
+  model_cfg = settings_lib.from_config(tiny_config).model
+  (ckpt_dir / params_ckpt.MODEL_CONFIG).write_text(json.dumps(model_cfg.to_dict()))
+  with pytest.raises(ConfigError, match=r"holds no tokenizer.*pass a config \(--config="):  # and no config given
+    dgemma.load(ckpt_dir)
   tiny_config.eval.data = str(tmp_path / "missing.txt")
   with pytest.raises(FileNotFoundError, match="missing.txt"):
-    likelihood.load_documents(ByteTokenizer(), tiny_config)
+    eval_likelihood.eval_texts(settings_lib.from_config(tiny_config))
   tiny_config.eval.data = "nosuchsplit"
   with pytest.raises(ConfigError, match="eval.data"):
-    likelihood.load_documents(ByteTokenizer(), tiny_config)
+    eval_likelihood.eval_texts(settings_lib.from_config(tiny_config))
   with pytest.raises(ConfigError, match="not a config key"):
-    checkpoints.apply_overrides(tiny_config, {"sample.nope": 1})
+    settings_lib.with_overrides(tiny_config, {"sample.nope": 1})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # eval.likelihood --context_len=100000 once tried to allocate ~16 TB of attention scores
+    ({"eval.context_len": 100_000}, r"eval\.context_len: 100000 needs about \d+ GiB for the attention scores"),
+    # beyond the model's positions (sample.max_context)
+    ({"eval.context_len": 100, "sample.max_context": 64}, r"eval\.context_len: 100 context \+ 16 canvas tokens exceed"),
+])
+def test_context_len_checked_before_anything_is_allocated(tiny_config, tmp_path, corpus_file, monkeypatch,
+                                                          overrides, message):
+  """eval.likelihood.run fails fast, naming eval.context_len, before a row or an attention buffer exists
+  (the row builder and the scoring programs are never reached); Model.score(..., context_len=...) takes
+  the same check."""
+  tiny_config.eval.data = str(corpus_file)
+  tiny_config.eval.max_documents = 2
+  workdir = tmp_path / "run"
+  save_random_run(tiny_config, workdir)
+
+  def unreachable(*args, **kwargs):
+    raise AssertionError("the request was not checked before rows / programs were built")
+
+  for name in ("block_rows", "_diffusion_batch", "causal_nll"):
+    monkeypatch.setattr(likelihood, name, unreachable)
+  config = settings_lib.with_overrides(tiny_config, overrides)
+  with pytest.raises(ConfigError, match=message):
+    eval_likelihood.run(str(workdir), config, print_fn=lambda _: None)
+  model = dgemma.load(str(workdir), config=settings_lib.with_overrides(
+      tiny_config, {k: v for k, v in overrides.items() if not k.startswith("eval.")}))
+  with pytest.raises(ConfigError, match=message):
+    model.score(TEXTS, context_len=overrides["eval.context_len"])

@@ -7,9 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from dgemma import checkpoint_io, config as config_lib
-from dgemma.model import ConfigError
-from eval import ablate, checkpoints, samples
+import dgemma
+from dgemma import checkpoints
+from dgemma import mesh as mesh_lib
+from dgemma import settings as settings_lib
+from dgemma.checkpoints import params as params_ckpt
+from dgemma.errors import ConfigError
+from eval import ablate, samples
 from tests.model_utils import random_params
 
 
@@ -26,10 +30,13 @@ def test_text_statistics_by_hand():
 
 
 def _ckpt(config, objective):
-  config = config_lib.from_json(config_lib.to_json(config))
+  """A dgemma.Model of random weights with `config`'s settings and `objective` (nothing on disk)."""
+  config = settings_lib.from_json(settings_lib.to_json(config))
   config.diffusion.objective = objective
-  model_cfg = config_lib.validate(config)
-  return checkpoints.Checkpoint(f"random_{objective}", "params", config, model_cfg, random_params(model_cfg), None)
+  settings = settings_lib.from_config(config)
+  model_cfg = settings.model
+  ckpt = checkpoints.Checkpoint(f"random_{objective}", "params", model_cfg, random_params(model_cfg))
+  return dgemma.Model(ckpt, config, mesh_lib.make_mesh(settings.mesh.shape))
 
 
 def test_sample_metrics_diffusion_and_ar(tiny_config, tmp_path):
@@ -41,7 +48,7 @@ def test_sample_metrics_diffusion_and_ar(tiny_config, tmp_path):
   config.sample.max_new_tokens = 8
   config.sample.max_denoising_steps = 2
   ref = _ckpt(config, "ar")
-  summary, records = samples.sample_metrics(_ckpt(config, "base_ce"), config, reference=ref)
+  summary, records = samples.sample_metrics(_ckpt(config, "base_ce"), reference=ref)
   tok = ref.tokenizer
   assert [r["prompt"] for r in records] == ["the king", "thy lord", "the king"]  # used cyclically
   total = 0
@@ -51,9 +58,10 @@ def test_sample_metrics_diffusion_and_ar(tiny_config, tmp_path):
     assert r["text"] == tok.decode(body)
     assert 1 <= r["decoder_passes"] <= 2  # one canvas, at most 2 steps
     total += len(r["tokens"])
+  # the same per-row fp32 NLLs summed in fp32 (library) vs float64 (here): <= 2 roundings; rtol 1e-6 = 8 eps
   np.testing.assert_allclose(summary["gen_nll"], sum(r["reference_nll"] for r in records) / total, rtol=1e-6)
-  np.testing.assert_allclose(summary["gen_ppl"], math.exp(summary["gen_nll"]), rtol=1e-6)
-  assert summary["tokens_per_forward"] == pytest.approx(total / sum(r["decoder_passes"] for r in records))
+  np.testing.assert_allclose(summary["gen_ppl"], math.exp(summary["gen_nll"]), rtol=1e-6)  # the same formula
+  assert summary["tokens_per_forward"] == pytest.approx(total / sum(r["decoder_passes"] for r in records))  # ints
   assert summary["wall_s"] > 0 and summary["tokens_per_s"] > 0 and summary["steps"] == 2
   # a random model's tokens are close to uniform over 260 ids: its reference NLL is near log(260)
   assert abs(summary["gen_nll"] - math.log(260)) < 1.5
@@ -61,23 +69,24 @@ def test_sample_metrics_diffusion_and_ar(tiny_config, tmp_path):
   assert [json.loads(l)["prompt"] for l in (tmp_path / "s.jsonl").read_text().splitlines()] == [r["prompt"] for r in records]
 
   # AR checkpoint, greedy: one forward per token, deterministic
-  config.eval.ar_temperature = 0.0
-  ar_summary, ar_records = samples.sample_metrics(ref, config, reference=ref)
+  greedy = ref.with_config(settings_lib.with_overrides(ref.config, {"eval.ar_temperature": 0.0}))
+  ar_summary, ar_records = samples.sample_metrics(greedy, reference=ref)
   assert ar_summary["tokens_per_forward"] == 1.0
   assert ar_records[0]["tokens"] == ar_records[2]["tokens"]  # same prompt, greedy
   # the reference must be an AR run
   with pytest.raises(ConfigError, match="eval.reference"):
-    samples.sample_metrics(ref, config, reference=_ckpt(config, "base_ce"))
+    samples.sample_metrics(ref, reference=_ckpt(config, "base_ce"))
 
 
 def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus_file):
-  model_cfg = config_lib.validate(tiny_config)
+  model_cfg = settings_lib.from_config(tiny_config).model
   params_dir = tmp_path / "params"
-  checkpoint_io.save_params(params_dir, random_params(model_cfg), model_cfg.to_dict())
+  params_ckpt.save_params(params_dir, random_params(model_cfg), model_cfg.to_dict())
   seen = []
 
-  def fake_metric(ckpt, config):  # what the runner hands a metric: the checkpoint and the setting's config
-    seen.append((ckpt.path, config.sample.max_denoising_steps, config.sample.sampler))
+  def fake_metric(model):  # what the runner hands a metric: the checkpoint's model with the setting's config
+    config = model.config
+    seen.append((model.path, config.sample.max_denoising_steps, config.sample.sampler))
     return {"score": float(config.sample.max_denoising_steps) ** 0.5, "sampler_is_ancestral": int(config.sample.sampler == "ancestral")}
 
   ablate.register_metric("fake_for_test", fake_metric)
@@ -127,15 +136,17 @@ def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus
       "reweighted_ce", "nelbo", "masked_mdlm", "no_self_cond"]
 
 
+@pytest.mark.slow  # several whole training runs with checkpoints (the loop end to end)
 def test_ablation_runner_trains_settings_that_change_the_run(tiny_config, tmp_path, corpus_file):
   """A setting that changes training keys gets its own run in out_dir/runs/<name> (train.py semantics),
   and the metric is evaluated on that run; re-running reuses the finished run."""
   import ml_collections
-  from dgemma import checkpointing
+  from dgemma.checkpoints import workdir as workdir_ckpt
   seen = []
 
-  def fake_metric(ckpt, config):
-    seen.append((ckpt.path, int(config.train.num_steps)))
+  def fake_metric(model):
+    config = model.config
+    seen.append((model.path, int(config.train.num_steps)))
     return {"steps_trained": int(config.train.num_steps)}
 
   ablate.register_metric("fake_trained_for_test", fake_metric)
@@ -150,7 +161,7 @@ def test_ablation_runner_trains_settings_that_change_the_run(tiny_config, tmp_pa
   rows = ablate.run_ablation(ablation, log=lambda *_: None)
   run_dir = out / "runs" / "six_steps"
   assert seen == [(str(run_dir), 6)] and rows[0]["steps_trained"] == 6
-  assert checkpointing.make_manager(run_dir, read_only=True).latest_step() == 6
+  assert workdir_ckpt.make_manager(run_dir, read_only=True).latest_step() == 6
   assert json.loads((run_dir / "config.json").read_text())["train"]["num_steps"] == 6
   before = sorted(p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*") if p.is_file())
   ablate.run_ablation(ablation, log=lambda *_: None)  # finished: resumed at its last step, nothing retrained

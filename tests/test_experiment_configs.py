@@ -1,5 +1,5 @@
 """configs/pretrain_small.py and configs/sft_jsonl.py: valid at full size, and a few training steps of
-each through `trainer.train_and_evaluate` with the sizes overridden down to tiny (CPU, seconds).
+each through `dgemma.train.loop.train_and_evaluate` with the sizes overridden down to tiny (CPU, seconds).
 
 Compile time dominates: both runs use the same model and row shape (their init program is shared
 through the compilation cache), one decoder pass (self_cond_prob 0), and stop after 2 of 100 steps,
@@ -10,8 +10,8 @@ import json
 import numpy as np
 
 from configs import pretrain_small, sft_jsonl
-from dgemma import config as config_lib
-from dgemma import trainer
+from dgemma import settings as settings_lib
+from dgemma.train import loop
 from tests.test_sft import write_sft_file
 
 
@@ -28,7 +28,7 @@ def _tiny(config, tmp_path):
 
 
 def _run(config, workdir):
-  state = trainer.train_and_evaluate(config, str(workdir), stop_after_steps=2)
+  state = loop.train_and_evaluate(config, str(workdir), stop_after_steps=2)
   assert int(state.step) == 2 and (workdir / "checkpoints").is_dir()
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [1, 2] and {r["split"] for r in rows} == {"train"}
@@ -37,9 +37,9 @@ def _run(config, workdir):
 
 
 def test_full_size_configs_validate():
-  assert config_lib.validate(pretrain_small.get_config()).d_model == 256  # the small preset
+  assert settings_lib.from_config(pretrain_small.get_config()).model.d_model == 256  # the small preset
   config = sft_jsonl.get_config("a.jsonl,b.jsonl")
-  assert config.data.files == ("a.jsonl", "b.jsonl") and config_lib.validate(config).d_model == 256
+  assert config.data.files == ("a.jsonl", "b.jsonl") and settings_lib.from_config(config).model.d_model == 256
 
 
 def test_pretrain_small_block_causal_runs(tmp_path, corpus_file):

@@ -7,8 +7,11 @@ import jax
 import numpy as np
 
 from configs import adapt_from_gemma4, finetune_head_lora
-from dgemma import checkpoint_io, finetune, sample_lib, trainer
-from dgemma import config as config_lib
+from dgemma import api
+from dgemma import settings as settings_lib
+from dgemma.checkpoints import adapter as adapter_ckpt
+from dgemma.checkpoints import params as params_ckpt
+from dgemma.train import loop
 from dgemma.model import lora
 from tests.model_utils import random_params
 
@@ -19,9 +22,9 @@ def _base_checkpoint(tiny_config, path, *, moe: bool = True):
   tiny_config.model.num_layers, tiny_config.model.layer_types = 2, ("global", "global")
   if not moe:
     tiny_config.model.num_experts = 0
-  cfg = config_lib.validate(tiny_config)
+  cfg = settings_lib.from_config(tiny_config).model
   params = jax.device_get(random_params(cfg))
-  checkpoint_io.save_params(path, params, cfg.to_dict())
+  params_ckpt.save_params(path, params, cfg.to_dict())
   return path, flax.traverse_util.flatten_dict(params)
 
 
@@ -32,6 +35,7 @@ def _tiny(config, tiny_config):
   config.model.remat, config.model.dtype = "none", "float32"
   config.train.update(num_steps=2, eval_every=2, ckpt_every=2, eval_batches=1, progress_bar=False,
                       async_checkpointing=False)
+  config.opt.warmup_steps = 1  # settings require warmup <= num_steps (the schedule used min(warmup, num_steps - 1))
   return config
 
 
@@ -49,7 +53,7 @@ def test_adapt_from_gemma4_tiny_full_with_frozen_router(tiny_config, tmp_path):
   config = _tiny(adapt_from_gemma4.get_config(str(ckpt)), tiny_config)
   config.diffusion.self_cond_prob = 0.0  # one decoder pass (compile time)
   config.finetune.freeze_router = True
-  state = trainer.train_and_evaluate(config, str(tmp_path / "wd"))
+  state = loop.train_and_evaluate(config, str(tmp_path / "wd"))
   assert int(state.step) == 2
   params = flax.traverse_util.flatten_dict(jax.device_get(state.params))
   assert set(params) == set(base)  # full mode: no adapters
@@ -61,7 +65,7 @@ def test_adapt_from_gemma4_tiny_full_with_frozen_router(tiny_config, tmp_path):
   assert all(not np.array_equal(params[k], base[k]) for k in base if k not in router and k[0] != "self_conditioning")
   mu = _adam_mu(state.opt_state)
   assert {k for k, v in mu.items() if hasattr(v, "shape")} == set(base) - set(router)
-  assert not (tmp_path / "wd" / finetune.ADAPTER_DIR).exists()
+  assert not (tmp_path / "wd" / adapter_ckpt.ADAPTER_DIR).exists()
 
 
 def test_finetune_head_lora_tiny_trains_only_head_and_samples(tiny_config, tmp_path):
@@ -70,7 +74,7 @@ def test_finetune_head_lora_tiny_trains_only_head_and_samples(tiny_config, tmp_p
   ckpt, base = _base_checkpoint(tiny_config, tmp_path / "base", moe=False)
   config = _tiny(finetune_head_lora.get_config(str(ckpt)), tiny_config)
   workdir = tmp_path / "wd"
-  state = trainer.train_and_evaluate(config, str(workdir))
+  state = loop.train_and_evaluate(config, str(workdir))
   params = flax.traverse_util.flatten_dict(jax.device_get(state.params))
   adapters = [k for k in params if k not in base]
   assert adapters and all(lora.is_adapter(k[-1]) for k in adapters)
@@ -84,13 +88,15 @@ def test_finetune_head_lora_tiny_trains_only_head_and_samples(tiny_config, tmp_p
   mu = _adam_mu(state.opt_state)
   assert {k for k, v in mu.items() if hasattr(v, "shape")} == set(head) | set(adapters)
 
-  saved, model_dict, meta = finetune.load_adapter(workdir / finetune.ADAPTER_DIR)
+  saved, model_dict, meta = adapter_ckpt.load_adapter(workdir / adapter_ckpt.ADAPTER_DIR)
   assert meta["mode"] == "head_only" and meta["base"] == str(ckpt) and meta["step"] == 2
-  assert model_dict == config_lib.validate(config).to_dict()
+  assert model_dict == settings_lib.from_config(config).model.to_dict()
   flat_saved = flax.traverse_util.flatten_dict(saved)
   assert set(flat_saved) == set(head) | set(adapters)
   for k, v in flat_saved.items():
     np.testing.assert_array_equal(v, params[k])
 
-  samples = sample_lib.sample_from_workdir(str(workdir), steps=2, print_fn=lambda *_: None)
-  assert samples.step == 2 and len(samples.texts) == 1 and int(samples.output.num_forwards_B[0]) > 0
+  printed = []
+  samples = api.sample_command(str(workdir), steps=2, print_fn=printed.append)
+  assert len(samples) == 1 and samples[0].num_forwards > 0
+  assert "--- sample 0 (step 2, " in printed[0]  # sampled the step-2 checkpoint

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from configs.models import diffusiongemma_26b_a4b
 from dgemma.model import ModelConfig
 from dgemma.tools import params as params_tool
@@ -35,6 +37,7 @@ _BLOCKED = ("ml_collections", "grain", "tensorflow_datasets", "tensorflow", "ten
             "torch", "transformers")
 
 
+@pytest.mark.slow  # a subprocess
 def test_imports_only_what_the_gpu_image_has():
   """Imports the script (and with it dgemma.model, dgemma.sampling, dgemma.tools.params) and builds the
   full config with the packages the GPU image lacks made unimportable."""

@@ -18,7 +18,9 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from tests import hf_utils
-from dgemma import checkpoint_io, convert, hf
+from dgemma.checkpoints import hf
+from dgemma.checkpoints import params as params_ckpt
+from dgemma.tools import convert
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -188,7 +190,7 @@ def test_export_without_base_loads_in_hf(dg_dirs, tmp_path):
   model, src = dg_dirs["sg"]
   cfg, params = hf.load_hf_checkpoint(src)
   hf.export_hf_checkpoint(cfg, params, tmp_path / "out")
-  with pytest.raises(hf.HFCheckpointError, match="not empty"):
+  with pytest.raises(hf.HFCheckpointError, match="not empty.*use --overwrite"):  # the flag's name
     hf.export_hf_checkpoint(cfg, params, tmp_path / "out")
   reloaded = DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path / "out")
   sd0, sd1 = model.state_dict(), reloaded.state_dict()
@@ -249,9 +251,9 @@ def test_vision_tensors_skipped_with_one_notice(dg_dirs, caplog):
   _, src = dg_dirs["sg"]
   n_vision = sum(hf._is_multimodal(k) for k in _tensors(src))
   assert n_vision > 0
-  with caplog.at_level(logging.INFO, logger="dgemma.hf"):
+  with caplog.at_level(logging.INFO, logger="dgemma.checkpoints.hf"):
     hf.load_hf_checkpoint(src)
-  notes = [r.getMessage() for r in caplog.records if r.name == "dgemma.hf"]
+  notes = [r.getMessage() for r in caplog.records if r.name == "dgemma.checkpoints.hf"]
   assert len(notes) == 1 and f"skipped {n_vision} vision" in notes[0]
 
 
@@ -321,6 +323,16 @@ def test_tied_copies_must_agree(dg_tensors, tmp_path):
     hf.load_hf_checkpoint(tmp_path / "b")
 
 
+def test_truncated_safetensors_names_the_file(dg_dirs, tmp_path):
+  import shutil
+  _, src = dg_dirs["sg"]
+  broken = Path(shutil.copytree(src, tmp_path / "broken"))
+  weights = broken / hf.SINGLE_FILE
+  weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+  with pytest.raises(hf.HFCheckpointError, match=rf"{weights}: .*truncated or damaged"):
+    hf.load_hf_checkpoint(broken)
+
+
 def test_missing_files(tmp_path):
   with pytest.raises(hf.HFCheckpointError, match="config.json: not found"):
     hf.load_hf_checkpoint(tmp_path)
@@ -336,7 +348,7 @@ def test_missing_files(tmp_path):
 def test_gemma4_causal_load(tmp_path, caplog):
   model = hf_utils.gemma4_causal("sgsg", seed=3)
   src = hf_utils.save(model, tmp_path / "g4")
-  with caplog.at_level(logging.INFO, logger="dgemma.hf"):
+  with caplog.at_level(logging.INFO, logger="dgemma.checkpoints.hf"):
     cfg, params = hf.load_hf_checkpoint(src)
   assert any("self-conditioning" in r.getMessage() for r in caplog.records)
   assert cfg.num_experts == 4 and cfg.global_k_eq_v and cfg.self_conditioning
@@ -368,7 +380,7 @@ def test_gemma4_conditional_and_dense(tmp_path, caplog):
   import flax
   cond = hf_utils.gemma4_conditional("sg", seed=4)
   src = hf_utils.save(cond, tmp_path / "cond")
-  with caplog.at_level(logging.INFO, logger="dgemma.hf"):
+  with caplog.at_level(logging.INFO, logger="dgemma.checkpoints.hf"):
     cfg, params = hf.load_hf_checkpoint(src)
   assert any("skipped" in r.getMessage() and "vision" in r.getMessage() for r in caplog.records)
   np.testing.assert_array_equal(
@@ -402,19 +414,19 @@ def test_tree_matches_model(dg_dirs, pattern):
 
 # ---- dgemma checkpoint + CLI ------------------------------------------------------------------
 
-def test_checkpoint_io(tmp_path):
+def test_params_checkpoint(tmp_path):
   params = {"a": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)},
             "b": np.ones((4,), ml_dtypes.bfloat16)}
-  checkpoint_io.save_params(tmp_path / "ck", params, {"d_model": 3}, extra_json={"x.json": [1]})
-  with pytest.raises(FileExistsError):
-    checkpoint_io.save_params(tmp_path / "ck", params, {"d_model": 3})
-  got, cfg = checkpoint_io.load_params(tmp_path / "ck")
-  assert cfg == {"d_model": 3} and checkpoint_io.read_extra_json(tmp_path / "ck", "x.json") == [1]
+  params_ckpt.save_params(tmp_path / "ck", params, {"d_model": 3}, extra_json={"x.json": [1]})
+  with pytest.raises(FileExistsError, match="use --overwrite"):
+    params_ckpt.save_params(tmp_path / "ck", params, {"d_model": 3})
+  got, cfg = params_ckpt.load_params(tmp_path / "ck")
+  assert cfg == {"d_model": 3} and params_ckpt.read_extra_json(tmp_path / "ck", "x.json") == [1]
   np.testing.assert_array_equal(got["a"]["w"], params["a"]["w"])
   assert got["b"].dtype == ml_dtypes.bfloat16
-  checkpoint_io.save_params(tmp_path / "ck", {"a": {"w": np.zeros(1, np.float32)}}, {},
+  params_ckpt.save_params(tmp_path / "ck", {"a": {"w": np.zeros(1, np.float32)}}, {},
                             overwrite=True)
-  assert checkpoint_io.load_params(tmp_path / "ck")[0]["a"]["w"].shape == (1,)
+  assert params_ckpt.load_params(tmp_path / "ck")[0]["a"]["w"].shape == (1,)
   assert [p.name for p in tmp_path.iterdir()] == ["ck"]  # no temporaries left behind
 
 
@@ -431,12 +443,12 @@ def test_cli_end_to_end(dg_dirs, tmp_path):
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
 
   def run(*args):
-    r = subprocess.run([sys.executable, "-m", "dgemma.convert", *args], cwd=REPO, env=env,
+    r = subprocess.run([sys.executable, "-m", "dgemma.tools.convert", *args], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
   run("--from_hf", src, "--to", str(tmp_path / "ck"), "--dtype", "bfloat16")
-  params, cfg_dict = checkpoint_io.load_params(tmp_path / "ck")
+  params, cfg_dict = params_ckpt.load_params(tmp_path / "ck")
   assert cfg_dict["param_dtype"] == "bfloat16" and cfg_dict["layer_types"][1] == "global"
   assert params["embedder"]["embedding"].dtype == ml_dtypes.bfloat16
   run("--from_hf", src, "--to", str(tmp_path / "ck32"))
@@ -449,6 +461,6 @@ def test_cli_end_to_end(dg_dirs, tmp_path):
   run("--from_ckpt", str(tmp_path / "ck32"), "--to_hf", str(tmp_path / "out2"))
   out_cfg = json.loads((tmp_path / "out2" / "config.json").read_text())
   assert out_cfg["canvas_length"] == 8 and out_cfg["vision_config"]["hidden_size"] == 32
-  r = subprocess.run([sys.executable, "-m", "dgemma.convert", "--from_hf", src], cwd=REPO, env=env,
+  r = subprocess.run([sys.executable, "-m", "dgemma.tools.convert", "--from_hf", src], cwd=REPO, env=env,
                      capture_output=True, text=True, timeout=300)
   assert r.returncode != 0 and "--to" in r.stderr

@@ -1,6 +1,6 @@
 """Numerical parity of dgemma's Transformer with HF transformers 5.24 (float32, eager attention).
 
-Checkpoints are converted with `dgemma.hf.load_hf_checkpoint`, so these tests cover the converter
+Checkpoints are converted with `dgemma.checkpoints.hf.load_hf_checkpoint`, so these tests cover the converter
 and the model together. HF conventions matched here:
   * encoder logits = softcap(lm_head(encoder_last_hidden_state)) (HF only returns the hidden state);
   * padded prompts: HF `generate` uses slot positions `arange(T)` for every row (pads occupy
@@ -20,14 +20,19 @@ import numpy as np
 import pytest
 import torch
 
-from dgemma import hf
+from dgemma.checkpoints import hf
 from dgemma.model import Transformer, init_cache
 from tests import hf_utils
 
 # Each test jit-compiles encode/decode for its config (~10-40 s on 2 shared CPU cores).
 pytestmark = pytest.mark.slow
 
-TOL = 1e-4
+# Two fp32 implementations of the same function (|logits| ~ 4): each carries its own fp32 round-off,
+# amplified ~100-150x by these random tiny models and CPU-dependent (XLA / MKL blocking, FMA). Measured
+# against our float64 model: ours up to 4.1e-5, HF up to 7.8e-5, so the two differ by up to ~1.2e-4 and
+# 1e-4 (hit at 9.3e-5 here) does not hold on every CPU. 3e-4 does with margin; a conversion or mask bug
+# moves logits by > 1e-2.
+TOL = 3e-4
 V = 256
 
 
@@ -125,7 +130,8 @@ def test_parity_encoder_decoder(dg, pattern):
   _, dec_sc = _ours(cfg, params, tokens, mask, pos, canvas, dpos, sc, sc_mask)
   _check("decoder logits (self-conditioning)", dec_sc, dec_ref_sc)
   assert np.abs(dec_ref_sc[0] - dec_ref[0]).max() > 1e-2  # the signal matters
-  np.testing.assert_allclose(dec_ref_sc[1], dec_ref[1], atol=1e-5)  # masked row: no signal
+  # masked row: no signal (two HF fp32 programs, measured 6.6e-6 apart; the signal moves row 0 by > 1e-2)
+  np.testing.assert_allclose(dec_ref_sc[1], dec_ref[1], atol=TOL)
 
 
 @pytest.mark.parametrize("padding", ["left", "left_cumsum_positions", "right"])

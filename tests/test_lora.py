@@ -18,13 +18,15 @@ import pytest
 
 from configs import base as base_config
 from configs.models import tiny
-from dgemma import checkpoint_io, finetune
+from dgemma import finetune
+from dgemma.checkpoints import adapter as adapter_ckpt
+from dgemma.checkpoints import params as params_ckpt
 from dgemma.model import ModelConfig, Transformer, param_shapes
 from dgemma.model import lora, moe
-from dgemma.model.config import ConfigError
+from dgemma.errors import ConfigError
 from dgemma.model.transformer import init_cache
 from dgemma.tools import merge_lora
-from tests.model_utils import random_params
+from tests.model_utils import EPS32, f64_config, float64, random_params, to_f64
 
 B, T, C = 2, 12, 8
 _shapes = functools.cache(param_shapes)  # tracing the model is slow on 2 cores; shapes are reused
@@ -129,25 +131,28 @@ def test_adapter_tree_axes_and_config_errors():
 
 
 def test_lora_starts_at_base_and_merged_weights_give_same_logits():
-  base_cfg, cfg = _cfg(), _cfg("lora")
-  base = random_params(base_cfg)
-  enc0, cache0, dec0 = _run(base_cfg, base)
-  # B = 0 at the start: the base model (another compiled program: fp32 round-off only)
-  start = _run(cfg, _with_adapters(cfg, zero_b=True))
-  np.testing.assert_allclose(start[0], enc0, atol=1e-4, rtol=0)
-  np.testing.assert_allclose(start[2], dec0, atol=1e-4, rtol=0)
-  # random adapters: they change both modes; the merged weights give the same logits (fp32)
-  params = _with_adapters(cfg)
-  enc1, _, dec1 = _run(cfg, params)
-  assert np.abs(enc1 - enc0).max() > 0.1 and np.abs(dec1 - dec0).max() > 0.1
-  adapters = finetune.trained_leaves(jax.device_get(params), _finetune("lora"))
-  assert all(lora.is_adapter(k[-1]) for k in flax.traverse_util.flatten_dict(adapters))
-  merged = lora.merge(jax.device_get(base), adapters, cfg.lora.scale)
-  enc_m, _, dec_m = _run(base_cfg, merged)
-  # fp32 round-off of (x A) B vs x (A B), amplified by the random trunk (two programs computing the same
-  # function already differ by ~4e-5 above); the adapters themselves move the logits by > 0.1
-  np.testing.assert_allclose(enc_m, enc1, atol=2e-4, rtol=0)
-  np.testing.assert_allclose(dec_m, dec1, atol=1e-3, rtol=0)
+  # In float64 (tests/model_utils.py): each comparison is between different programs (B = 0 adapters
+  # vs none; (x A) B vs x (A B)), whose fp32 round-off the random trunk amplifies to ~1e-4..1e-3,
+  # CPU-dependent. In float64 it is ~1e-13, so atol 1e-9 holds anywhere; the adapters move the logits by > 0.1.
+  base_cfg, cfg = f64_config(_cfg()), f64_config(_cfg("lora"))
+  with float64():
+    base = to_f64(random_params(_cfg()))
+    enc0, cache0, dec0 = _run(base_cfg, base)
+    # B = 0 at the start: the base model
+    start = _run(cfg, to_f64(_with_adapters(_cfg("lora"), zero_b=True)))
+    np.testing.assert_allclose(start[0], enc0, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(start[2], dec0, atol=1e-9, rtol=0)
+    # random adapters: they change both modes; the merged weights give the same logits
+    params = to_f64(_with_adapters(_cfg("lora")))
+    enc1, _, dec1 = _run(cfg, params)
+    assert enc1.dtype == np.float64
+    assert np.abs(enc1 - enc0).max() > 0.1 and np.abs(dec1 - dec0).max() > 0.1
+    adapters = finetune.trained_leaves(params, _finetune("lora"))
+    assert all(lora.is_adapter(k[-1]) for k in flax.traverse_util.flatten_dict(adapters))
+    merged = lora.merge(base, adapters, cfg.lora.scale)
+    enc_m, _, dec_m = _run(base_cfg, merged)
+  np.testing.assert_allclose(enc_m, enc1, atol=1e-9, rtol=0)
+  np.testing.assert_allclose(dec_m, dec1, atol=1e-9, rtol=0)
 
 
 def test_expert_adapters_dense_ragged_and_merged_agree():
@@ -165,8 +170,11 @@ def test_expert_adapters_dense_ragged_and_merged_agree():
   ragged = moe.experts_ragged(*args(w), adapters=adapters)
   folded = {n: v + lora.delta_weight(adapters[n].a, adapters[n].b, v.shape, 0.7) for n, v in w.items()}
   merged = moe.experts_dense(*args(folded))
-  np.testing.assert_allclose(ragged, dense, atol=1e-5, rtol=1e-5)
-  np.testing.assert_allclose(merged, dense, atol=1e-5, rtol=1e-5)
+  # fp32 round-off of one expert layer (dots of D = 16, F = 8, r = 3, k = 2 terms; folding rounds each
+  # weight once): measured ~1 eps * max|dense|; 50 eps * max|dense| is far below the adapters' effect (> 0.1).
+  tol = 50 * EPS32 * float(np.abs(dense).max())
+  np.testing.assert_allclose(ragged, dense, atol=tol, rtol=0)
+  np.testing.assert_allclose(merged, dense, atol=tol, rtol=0)
   assert np.abs(dense - moe.experts_dense(*args(w))).max() > 0.1
 
 
@@ -183,18 +191,18 @@ def test_head_only_adapters_act_only_in_decoder():
 def test_merge_cli_writes_merged_checkpoint_and_refuses_head_only(tmp_path):
   base_cfg, cfg = _cfg(), _cfg("lora")
   base = jax.device_get(random_params(base_cfg))
-  checkpoint_io.save_params(tmp_path / "base", base, base_cfg.to_dict(), extra_json={"hf_config.json": {"x": 1}})
+  params_ckpt.save_params(tmp_path / "base", base, base_cfg.to_dict(), extra_json={"hf_config.json": {"x": 1}})
   params = jax.device_get(_with_adapters(cfg))
   group = _finetune("lora")
-  finetune.save_adapter(tmp_path / "adapter", params, cfg, group, base=str(tmp_path / "base"), step=3)
+  adapter_ckpt.save_adapter(tmp_path / "adapter", params, cfg, group, base=str(tmp_path / "base"), step=3)
   merge_lora.FLAGS([sys.argv[0], f"--adapter={tmp_path / 'adapter'}", f"--out={tmp_path / 'merged'}"])
   try:
     merge_lora.main(["merge_lora"])  # the CLI, in-process (base from the adapter's record)
   finally:
     merge_lora.FLAGS.unparse_flags()
-  merged, merged_cfg = checkpoint_io.load_params(tmp_path / "merged")
+  merged, merged_cfg = params_ckpt.load_params(tmp_path / "merged")
   assert merged_cfg == base_cfg.to_dict()
-  assert checkpoint_io.read_extra_json(tmp_path / "merged", "hf_config.json") == {"x": 1}
+  assert params_ckpt.read_extra_json(tmp_path / "merged", "hf_config.json") == {"x": 1}
   expected = lora.merge(base, finetune.trained_leaves(params, group), cfg.lora.scale)
   for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(merged), jax.tree.leaves(expected)):
     np.testing.assert_array_equal(got, want, err_msg=jax.tree_util.keystr(path))
@@ -206,8 +214,8 @@ def test_merge_cli_writes_merged_checkpoint_and_refuses_head_only(tmp_path):
 
   head_cfg, head = _cfg("head_only"), _finetune("head_only")
   head_params = jax.device_get(_with_adapters(head_cfg))
-  finetune.save_adapter(tmp_path / "head", head_params, head_cfg, head, base=str(tmp_path / "base"), step=3)
-  saved, _, meta = finetune.load_adapter(tmp_path / "head")
+  adapter_ckpt.save_adapter(tmp_path / "head", head_params, head_cfg, head, base=str(tmp_path / "base"), step=3)
+  saved, _, meta = adapter_ckpt.load_adapter(tmp_path / "head")
   assert meta["mode"] == "head_only" and "self_conditioning" in saved and "embedder" not in saved
   with pytest.raises(ValueError, match="only 'lora' adapters can be merged"):
     merge_lora.merge_checkpoints(str(tmp_path / "head"), str(tmp_path / "merged2"))

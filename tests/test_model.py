@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from configs.models import tiny
-from tests.model_utils import random_params
+from tests.model_utils import f64_config, float64, random_params, to_f64
 from dgemma.model import ModelConfig, Transformer, count_params, init_cache, param_shapes
 
 B, T, C = 2, 8, 4
@@ -58,16 +58,23 @@ def _enc_dec(cfg):
   return enc, dec
 
 
-def _dependencies(cfg, batch, tol=1e-6):
+def _dependencies(cfg, batch, tol=1e-9):
   """Which outputs depend on which inputs, by perturbation: {out: {inp: bool [B, n_out, B, n_inp]}}.
 
   Input token j of each row is replaced in turn; output i depends on it iff its logits move. An
   independent output is unchanged up to float noise (masked keys get probability exactly 0, but
   the ragged MoE may regroup other tokens' rows), a dependent one moves by orders of magnitude more.
+  Run in float64 (tests/model_utils.py): the noise is then ~1e-14 on any CPU, where in fp32 it is
+  round-off amplified by the model (up to ~1e-4, CPU-dependent) and could reach the threshold.
   (Jacobians would need a vmap of jax.lax.ragged_dot, which has no batching rule, and a second
   compile; perturbing reuses the one compiled forward.)
   """
-  run, p = _run(cfg), _params(cfg)
+  with float64():
+    return _dependencies_f64(f64_config(cfg), to_f64(_params(cfg)), batch, tol)
+
+
+def _dependencies_f64(cfg, p, batch, tol):
+  run = _run(cfg)
   tokens, pos, seg, canvas, cpos, cseg = batch
   base = [np.asarray(x) for x in run(p, *batch)]
   deps = {"ctx": {}, "can": {}}
@@ -196,10 +203,33 @@ def test_padded_prompt_rows_match_unpadded():
   ctx_pos = [list(range(6)) + [0, 0], [0, 0] + list(range(6))]
   batch = list(_batch(0, ctx_seg, ctx_pos, None, np.tile(6 + np.arange(C), (B, 1))))
   batch[0], batch[3] = jnp.asarray(tokens, jnp.int32), jnp.asarray(np.stack([canvas, canvas]), jnp.int32)
-  enc, dec = map(np.asarray, _run(TINY)(_params(TINY), *batch))
-  np.testing.assert_allclose(dec[0], dec[1], rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(enc[0, :6], enc[1, 2:], rtol=1e-5, atol=1e-5)
+  # In float64: the two rows reduce over differently placed keys, and in fp32 that round-off, amplified
+  # ~150x by the random tiny model (logits ~4), is up to ~7e-5 and CPU-dependent. In float64 it is
+  # ~1e-13, so 1e-9 holds anywhere, while attending one padding slot moves the logits by ~1e-1.
+  with float64():
+    enc, dec = map(np.asarray, _run(f64_config(TINY))(to_f64(_params(TINY)), *batch))
+  assert dec.dtype == np.float64
+  np.testing.assert_allclose(dec[0], dec[1], rtol=0, atol=1e-9)
+  np.testing.assert_allclose(enc[0, :6], enc[1, 2:], rtol=0, atol=1e-9)
   assert np.isfinite(enc).all()
+
+
+def test_float64_scope_does_not_leak():
+  # tests/model_utils.float64 (jax.enable_x64 as a context manager): the same jitted fp32 function gives
+  # bit-identical fp32 results before and after a float64 run, and a float64 model outside it raises
+  # instead of silently running in fp32.
+  batch = _batch(0)
+  before = [np.asarray(x) for x in _run(TINY)(_params(TINY), *batch)]
+  with float64():
+    assert jnp.zeros(()).dtype == jnp.float64
+    enc64, _ = _run(f64_config(TINY))(to_f64(_params(TINY)), *batch)
+    assert enc64.dtype == jnp.float64
+  assert jnp.zeros(()).dtype == jnp.float32 and not jax.config.x64_enabled
+  after = [np.asarray(x) for x in _run(TINY)(_params(TINY), *batch)]
+  for a, b in zip(before, after):
+    assert a.dtype == np.float32 and np.array_equal(a, b)
+  with pytest.raises(ValueError, match="float64"):
+    _run(f64_config(TINY))(to_f64(_params(TINY)), *batch)
 
 
 def test_sliding_window():
@@ -224,44 +254,53 @@ def test_sliding_window():
 
 # ---- cache --------------------------------------------------------------------------------------
 def test_encode_in_chunks_matches_one_pass():
-  p = _params(TINY)
+  # In float64 (see test_padded_prompt_rows_match_unpadded): the two programs differ in reduction
+  # order, a fp32 difference of ~3e-5 here; in float64 ~3e-14, so atol 1e-9 holds on any CPU.
+  cfg = f64_config(TINY)
   tokens, pos, seg, canvas, cpos, cseg = _batch(4)
   seg = seg.at[0, :3].set(0)  # a left-padded row
-  # One pass: __call__ encodes all T tokens into a fresh cache of size T, then decodes.
-  full_logits, dec_full = map(np.asarray, _run(TINY)(p, tokens, pos, seg, canvas, cpos, cseg))
-  # Two chunks appended to a fixed-size cache (traced `length`: one compile serves both).
-  enc_fn, dec_fn = _enc_dec(TINY)
-  h = T // 2
-  cache = init_cache(TINY, B, T)
-  l1, cache = enc_fn(p, tokens[:, :h], pos[:, :h], seg[:, :h], cache)
-  assert int(cache.length) == h
-  l2, cache = enc_fn(p, tokens[:, h:], pos[:, h:], seg[:, h:], cache)
-  assert int(cache.length) == T
-  np.testing.assert_array_equal(cache.segment_ids_BS, seg)
-  np.testing.assert_array_equal(cache.positions_BS, pos)
-  valid = np.asarray(seg)[..., None] != 0
-  np.testing.assert_allclose(np.concatenate([l1, l2], 1) * valid, full_logits * valid, rtol=1e-4, atol=5e-5)
-  dec_chunks = dec_fn(p, canvas, cpos, cseg, cache)
-  np.testing.assert_allclose(dec_chunks, dec_full, rtol=1e-4, atol=5e-5)
+  with float64():
+    p = to_f64(_params(TINY))
+    # One pass: __call__ encodes all T tokens into a fresh cache of size T, then decodes.
+    full_logits, dec_full = map(np.asarray, _run(cfg)(p, tokens, pos, seg, canvas, cpos, cseg))
+    # Two chunks appended to a fixed-size cache (traced `length`: one compile serves both).
+    enc_fn, dec_fn = _enc_dec(cfg)
+    h = T // 2
+    cache = init_cache(cfg, B, T)
+    l1, cache = enc_fn(p, tokens[:, :h], pos[:, :h], seg[:, :h], cache)
+    assert int(cache.length) == h
+    l2, cache = enc_fn(p, tokens[:, h:], pos[:, h:], seg[:, h:], cache)
+    assert int(cache.length) == T
+    np.testing.assert_array_equal(cache.segment_ids_BS, seg)
+    np.testing.assert_array_equal(cache.positions_BS, pos)
+    assert cache.k[0].dtype == jnp.float64
+    valid = np.asarray(seg)[..., None] != 0
+    np.testing.assert_allclose(np.concatenate([l1, l2], 1) * valid, full_logits * valid, rtol=0, atol=1e-9)
+    dec_chunks = np.asarray(dec_fn(p, canvas, cpos, cseg, cache))
+  np.testing.assert_allclose(dec_chunks, dec_full, rtol=0, atol=1e-9)
   # Decode never modifies the cache; with return_logits=False encode returns no logits.
   model = Transformer(TINY)
-  none, _ = jax.eval_shape(lambda: model.apply({"params": p}, tokens, pos, seg, init_cache(TINY, B, T),
+  none, _ = jax.eval_shape(lambda: model.apply({"params": _params(TINY)}, tokens, pos, seg, init_cache(TINY, B, T),
                                                return_logits=False, method=Transformer.encode))
   assert none is None
 
 
 def test_self_conditioning():
-  p = _params(TINY)
+  # In float64: `off` / `half` and `base` are separately compiled programs (fp32 difference ~4e-6
+  # here, CPU-dependent); in float64 ~1e-14, so atol 1e-9 holds anywhere.
+  cfg = f64_config(TINY)
   tokens, pos, seg, canvas, cpos, cseg = _batch(5)
-  enc_fn, dec_fn = _enc_dec(TINY)
-  _, cache = enc_fn(p, tokens, pos, seg, init_cache(TINY, B, T))
-  sc = jnp.asarray(np.random.default_rng(0).normal(0, 3, (B, C, TINY.vocab_size)), jnp.float32)
-  base = np.asarray(dec_fn(p, canvas, cpos, cseg, cache))
-  off = dec_fn(p, canvas, cpos, cseg, cache, sc_logits_BCV=sc, sc_mask_B=jnp.array([False, False]))
-  np.testing.assert_allclose(off, base, rtol=1e-4, atol=2e-5)  # separately compiled programs
-  half = np.asarray(dec_fn(p, canvas, cpos, cseg, cache, sc_logits_BCV=sc, sc_mask_B=jnp.array([True, False])))
+  sc = np.random.default_rng(0).normal(0, 3, (B, C, TINY.vocab_size))
+  with float64():
+    p = to_f64(_params(TINY))
+    enc_fn, dec_fn = _enc_dec(cfg)
+    _, cache = enc_fn(p, tokens, pos, seg, init_cache(cfg, B, T))
+    base = np.asarray(dec_fn(p, canvas, cpos, cseg, cache))
+    off = np.asarray(dec_fn(p, canvas, cpos, cseg, cache, sc_logits_BCV=sc, sc_mask_B=jnp.array([False, False])))
+    half = np.asarray(dec_fn(p, canvas, cpos, cseg, cache, sc_logits_BCV=sc, sc_mask_B=jnp.array([True, False])))
+  np.testing.assert_allclose(off, base, rtol=0, atol=1e-9)
   assert np.abs(half[0] - base[0]).max() > 1e-3
-  np.testing.assert_allclose(half[1], base[1], rtol=1e-4, atol=2e-5)
+  np.testing.assert_allclose(half[1], base[1], rtol=0, atol=1e-9)
 
 
 # ---- scan / remat / dtype -----------------------------------------------------------------------
@@ -270,41 +309,52 @@ def test_scan_matches_unscanned():
   assert (TWO.block_period, TWO.num_blocks) == (1, 2)
   assert (cfg_flat.block_period, cfg_flat.num_blocks) == (2, 1)
   assert (TINY.block_period, TINY.num_blocks) == (2, 2)
-  p = _params(TWO)
+  p = to_f64(_params(TWO))
   P = TWO.block_period
   flat_blocks = {f"layer_{b * P + i}": jax.tree.map(lambda a: a[b:b + 1], p["blocks"][f"layer_{i}"])
                  for b in range(TWO.num_blocks) for i in range(P)}
   p_flat = {**p, "blocks": flat_blocks}
   chex.assert_trees_all_equal_shapes(p_flat, param_shapes(cfg_flat))
   batch = _batch(6)
-  chex.assert_trees_all_close(_run(cfg_flat)(p_flat, *batch), _run(TWO)(p, *batch), rtol=1e-5, atol=1e-5)
+  # In float64: the same math, but XLA may fuse / block a scan body and straight-line layers
+  # differently, which in fp32 is CPU-dependent round-off; in float64 it is ~1e-14, so 1e-9 holds.
+  cfg_flat, two = f64_config(cfg_flat), f64_config(TWO)
+  with float64():
+    flat, scanned = (jax.tree.map(np.asarray, out) for out in (_run(cfg_flat)(p_flat, *batch), _run(two)(p, *batch)))
+  assert flat[0].dtype == np.float64
+  chex.assert_trees_all_close(flat, scanned, rtol=0, atol=1e-9)
 
 
 def test_remat_gives_identical_gradients():
   # Decode-only loss (the same scanned, rematerialised blocks as encode) keeps the three grad
   # compiles small; the cache comes from an encode pass and is differentiated through as well.
+  # In float64: remat recomputes the forward in a differently fused backward program, which in fp32
+  # moves gradients (max ~2.4) by ~8e-6, CPU-dependent; in float64 by ~1e-14, so atol 1e-9 holds.
+  two = f64_config(TWO)
   tokens, pos, seg, canvas, cpos, cseg = _batch(7)
   g = np.random.default_rng(1)
-  r = jnp.asarray(g.normal(size=TWO.vocab_size), jnp.float32)
-  sc = jnp.asarray(g.normal(size=(B, C, TWO.vocab_size)), jnp.float32)
-  enc_fn, _ = _enc_dec(TWO)
-  _, cache = enc_fn(_params(TWO), tokens, pos, seg, init_cache(TWO, B, T))
+  r, sc = g.normal(size=TWO.vocab_size), g.normal(size=(B, C, TWO.vocab_size))
+  p = to_f64(_params(TWO))
 
   def grads(remat):
-    model = Transformer(dataclasses.replace(TWO, remat=remat))
+    model = Transformer(dataclasses.replace(two, remat=remat))
 
     def loss(p, k, v):
       c = dataclasses.replace(cache, k=k, v=v)
       dec = model.apply({"params": p}, canvas, cpos, cseg, c, sc_logits_BCV=sc, method=Transformer.decode)
       return jnp.mean(jnp.tanh(dec @ r))
 
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(_params(TWO), cache.k, cache.v)
+    return jax.tree.map(np.asarray, jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(p, cache.k, cache.v))
 
-  ref = grads("none")
+  with float64():
+    enc_fn, _ = _enc_dec(two)
+    _, cache = enc_fn(p, tokens, pos, seg, init_cache(two, B, T))
+    ref = grads("none")
+    others = {remat: grads(remat) for remat in ("full", "dots")}
   for path, x in jax.tree_util.tree_leaves_with_path(ref[0]):
-    assert float(jnp.abs(x).max()) > 0, jax.tree_util.keystr(path)
+    assert x.dtype == np.float64 and float(np.abs(x).max()) > 0, jax.tree_util.keystr(path)
   for remat in ("full", "dots"):
-    chex.assert_trees_all_close(grads(remat), ref, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(others[remat], ref, rtol=0, atol=1e-9)
 
 
 def test_bf16_close_to_fp32():

@@ -22,13 +22,19 @@ from pathlib import Path
 import chex
 import jax
 import numpy as np
+import pytest
 
-from dgemma import checkpointing, diffusion, trainer
-from dgemma import config as config_lib
-from dgemma.data import pipeline
+from dgemma import data as data_lib
+from dgemma import mesh as mesh_lib
+from dgemma import settings as settings_lib
+from dgemma.checkpoints import workdir as workdir_ckpt
+from dgemma.files import write_text_atomic
+from dgemma.train import optimizer as optimizer_lib, state as state_lib, step as step_lib
 from tests.conftest import TEST_XLA_FLAGS
 
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow  # subprocesses: 2 x train.py, 2 restore workers (tests/conftest.py, the fast tier)
 
 def _config(tiny_config):
   """Small and quick to compile: no MoE, one decoder pass, short rows; FSDP over all devices."""
@@ -72,17 +78,18 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import jax, numpy as np
 from jax.experimental import multihost_utils
-from dgemma import checkpointing, trainer
-from dgemma import config as config_lib
+from dgemma import distributed, mesh as mesh_lib, settings as settings_lib
+from dgemma.checkpoints import workdir as workdir_ckpt
+from dgemma.train import optimizer as optimizer_lib, state as state_lib
 workdir, port, pid = sys.argv[2], sys.argv[3], int(sys.argv[4])
-assert trainer.init_distributed(f"localhost:{port}", 2, pid)
+assert distributed.init_distributed(f"localhost:{port}", 2, pid)
 assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
-config = config_lib.from_json(open(f"{workdir}/config.json").read())
-model_cfg = config_lib.validate(config)
-mesh = trainer.make_mesh(config.mesh)
-_, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, trainer.make_optimizer(config.opt, 2))
-manager = checkpointing.make_manager(workdir, read_only=True, async_save=False)
-state, _ = checkpointing.restore(manager, 2, abstract, with_data=False)
+settings = settings_lib.from_config(settings_lib.from_json(open(f"{workdir}/config.json").read()))
+mesh = mesh_lib.make_mesh(settings.mesh.shape)
+_, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules,
+                                                optimizer_lib.make_optimizer(settings.opt, 2))
+manager = workdir_ckpt.make_manager(workdir, read_only=True, async_save=False)
+state, _ = workdir_ckpt.restore(manager, 2, abstract, with_data=False)
 ref = np.load(f"{workdir}/reference.npz")
 leaves = jax.tree_util.tree_leaves_with_path(state.params)
 sharded = 0
@@ -93,8 +100,8 @@ assert sharded > 0  # FSDP: tensors split over the devices of both processes
 print("restored", len(leaves), "tensors,", sharded, "sharded")
 # The 2-process checkpoint, restored here too: gathered tensors for the test to compare with its own restore.
 two_dir = sys.argv[5]
-state, _ = checkpointing.restore(checkpointing.make_manager(two_dir, read_only=True, async_save=False), 2, abstract,
-                                 with_data=False)
+state, _ = workdir_ckpt.restore(workdir_ckpt.make_manager(two_dir, read_only=True, async_save=False), 2, abstract,
+                                with_data=False)
 gathered = {jax.tree_util.keystr(p): multihost_utils.process_allgather(v, tiled=True)
             for p, v in jax.tree_util.tree_leaves_with_path(state.params)}
 if pid == 0:
@@ -114,21 +121,22 @@ def test_two_processes_match_one_and_checkpoints_reshard(tiny_config, tmp_path):
            "--config.train.num_steps=2", "--config.train.log_every=2", "--config.train.ckpt_every=2",
            "--config.model.num_experts=0", "--config.diffusion.self_cond_prob=0.0",
            "--config.train.async_checkpointing=False", "--config.mesh.shape.data=1", "--config.mesh.shape.fsdp=-1"]
-  pipeline.prepare(config)  # build the dataset once, before both processes look for it
+  settings = settings_lib.from_config(config)
+  data_lib.prepare(settings)  # build the dataset once, before both processes look for it
   _run_two(lambda i: [sys.executable, "train.py", *flags, f"--process_id={i}"])
   logged = [json.loads(l) for l in (wd_two / "metrics.jsonl").read_text().splitlines()]
   loss_two = [r["loss"] for r in logged if r["split"] == "train" and r["step"] == 2]
   assert len(loss_two) == 1  # only process 0 writes metrics
 
   # ---- B. the same 2 steps in this process on the global batch; restore the 2-process checkpoint
-  model_cfg = config_lib.validate(config)
-  mesh = trainer.make_mesh(config.mesh, devices=jax.devices()[:1])
-  optimizer = trainer.make_optimizer(config.opt, 2)
-  loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
-  step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, trainer.make_schedule(config.opt, 2)))
-  prepared = pipeline.prepare(config)
-  shards = [pipeline.make_iterator(config, prepared, "train", shard_index=i, shard_count=2) for i in range(2)]
-  state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(config.seed))
+  model_cfg, axis_rules = settings.model, settings.mesh.axis_rules
+  mesh = mesh_lib.make_mesh(settings.mesh.shape, devices=jax.devices()[:1])
+  optimizer = optimizer_lib.make_optimizer(settings.opt, 2)
+  loss_cfg = settings.diffusion
+  step = jax.jit(step_lib.make_train_step(model_cfg, loss_cfg, optimizer, optimizer_lib.make_schedule(settings.opt, 2)))
+  prepared = data_lib.prepare(settings)
+  shards = [data_lib.make_iterator(settings, prepared, "train", shard_index=i, shard_count=2) for i in range(2)]
+  state, _ = state_lib.create_train_state(model_cfg, mesh, axis_rules, optimizer, jax.random.PRNGKey(config.seed))
   base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
   losses = []
   for _ in range(2):
@@ -136,25 +144,27 @@ def test_two_processes_match_one_and_checkpoints_reshard(tiny_config, tmp_path):
     batch = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
     state, metrics = step(state, batch, base_rng)
     losses.append(float(metrics["loss"]))
+  # another reduction order (2 processes, FSDP): the 8-device meshes of test_train.py measure <= 2% of this
   np.testing.assert_allclose(loss_two[0], np.mean(losses), rtol=1e-5)
 
-  _, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
-  restored, data_state = checkpointing.restore(checkpointing.make_manager(wd_two, read_only=True), 2, abstract)
+  _, abstract, _ = state_lib.abstract_train_state(model_cfg, mesh, axis_rules, optimizer)
+  restored, data_state = workdir_ckpt.restore(workdir_ckpt.make_manager(wd_two, read_only=True), 2, abstract)
   assert int(restored.step) == 2
   # Each process's data position is saved (own shard); a 1-process run cannot use them (warned, None).
   assert len(data_state["per_process"]) == 2 and data_state["per_process"][0] != data_state["per_process"][1]
-  assert checkpointing.this_process_data_state(data_state) is None
-  # Against the recomputation: same up to fp32 reduction order, which Adam's first steps (update ~ lr *
-  # g / |g|) turn into up to ~0.1 lr on weights with near-zero gradients (cf. test_grad_accumulation).
+  assert workdir_ckpt.this_process_data_state(data_state) is None
+  # Against the recomputation: same up to fp32 reduction order, which Adam's first steps (update lr * g /
+  # (|g| + eps)) turn into up to lr * dg / eps on weights with near-zero gradients: measured ~0.1 lr here
+  # (cf. test_grad_accumulation); a wrongly combined gradient or update moves weights by ~lr.
   chex.assert_trees_all_close(jax.device_get(restored.params), jax.device_get(state.params),
                               atol=0.2 * config.opt.lr, rtol=0)
 
   # ---- C. a 1-process checkpoint restores in 2 processes, resharded over FSDP
   wd_one = tmp_path / "one"
-  manager = checkpointing.make_manager(wd_one, async_save=False)
-  checkpointing.save(manager, 2, state, None)
+  manager = workdir_ckpt.make_manager(wd_one, async_save=False)
+  workdir_ckpt.save(manager, 2, state, None)
   manager.wait_until_finished()
-  checkpointing.write_text_atomic(wd_one / "config.json", config_lib.to_json(config))
+  write_text_atomic(wd_one / "config.json", settings_lib.to_json(config))
   np.savez(wd_one / "reference.npz", **{jax.tree_util.keystr(p): np.asarray(v)
                                         for p, v in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))})
   port = _free_port()

@@ -4,10 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from dgemma import report, sample_lib, trainer
+from dgemma import api, checkpoints, report
+from dgemma.train import loop
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,10 +24,11 @@ def trained_workdir(tmp_path_factory):
   config.train.num_steps = 3
   config.train.async_checkpointing = False
   workdir = tmp / "wd"
-  trainer.train_and_evaluate(config, str(workdir))
+  loop.train_and_evaluate(config, str(workdir))
   return workdir
 
 
+@pytest.mark.slow  # subprocesses (sample.py)
 def test_sample_py_end_to_end(trained_workdir, tmp_path):
   html = tmp_path / "traj.html"
   cmd = [sys.executable, "sample.py", "--config=configs/tiny_test.py", f"--workdir={trained_workdir}",
@@ -47,19 +48,23 @@ def test_sample_py_end_to_end(trained_workdir, tmp_path):
 
 
 def test_sampling_is_deterministic_and_uses_the_checkpoint(trained_workdir):
-  kw = dict(steps=3, print_fn=lambda *_: None)
-  a = sample_lib.sample_from_workdir(str(trained_workdir), seed=1, **kw)
-  b = sample_lib.sample_from_workdir(str(trained_workdir), seed=1, **kw)
-  c = sample_lib.sample_from_workdir(str(trained_workdir), seed=2, **kw)
-  np.testing.assert_array_equal(a.output.tokens_BN, b.output.tokens_BN)
-  assert a.step == 3
-  assert not np.array_equal(a.output.tokens_BN, c.output.tokens_BN)
-  assert int(a.output.num_forwards_B[0]) >= 1
+  printed = []
+  kw = dict(steps=3, print_fn=printed.append)
+  a = api.sample_command(str(trained_workdir), seed=1, **kw)
+  b = api.sample_command(str(trained_workdir), seed=1, **kw)
+  c = api.sample_command(str(trained_workdir), seed=2, **kw)
+  assert [g.token_ids for g in a] == [g.token_ids for g in b]
+  assert "--- sample 0 (step 3, " in printed[0]  # the latest checkpoint (step 3)
+  assert [g.token_ids for g in a] != [g.token_ids for g in c]
+  assert a[0].num_forwards >= 1
 
 
 def test_sample_bad_workdir(tmp_path):
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    api.sample_command(str(tmp_path / "nothing"))
+  (tmp_path / "empty").mkdir()  # exists, but is no checkpoint: the error says what was looked for
   with pytest.raises(FileNotFoundError, match="config.json"):
-    sample_lib.sample_from_workdir(str(tmp_path / "nothing"))
+    api.sample_command(str(tmp_path / "empty"))
 
 
 def test_report_writes_png_and_index(trained_workdir, tmp_path):
@@ -74,13 +79,15 @@ def test_bad_sample_requests_fail_before_loading(trained_workdir, monkeypatch):
   anything is compiled."""
   import jax
   from configs import tiny_test
-  from dgemma.model import ConfigError
+  from dgemma.errors import ConfigError
   from dgemma.sampling import generation
 
   def reached(*args, **kwargs):
     raise AssertionError("reached checkpoint loading / jax.jit")
 
-  monkeypatch.setattr(trainer, "load_params", reached)
+  monkeypatch.setattr(checkpoints, "load", reached)
+  monkeypatch.setattr(checkpoints, "load_workdir", reached)
+  monkeypatch.setattr(checkpoints.workdir, "restore_params", reached)
   monkeypatch.setattr(jax, "jit", reached)
   monkeypatch.setattr(generation, "_generate_jit", reached)
   cases = [(dict(num_samples=0), {}, "sample.num_samples"), (dict(max_new_tokens=0), {}, "sample.max_new_tokens"),
@@ -93,4 +100,4 @@ def test_bad_sample_requests_fail_before_loading(trained_workdir, monkeypatch):
     config = tiny_test.get_config()
     config.sample.update(sample)
     with pytest.raises(ConfigError, match=pattern):
-      sample_lib.sample_from_workdir(str(trained_workdir), config, print_fn=lambda *_: None, **kwargs)
+      api.sample_command(str(trained_workdir), config, print_fn=lambda *_: None, **kwargs)

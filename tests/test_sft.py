@@ -10,10 +10,13 @@ import pytest
 import sentencepiece as spm
 
 from configs import tiny_test
-from dgemma import config as config_lib
+from dgemma import data
+from dgemma.settings import DiffusionSettings
+from dgemma import settings as settings_lib
 from dgemma import diffusion, tokenizers
-from dgemma.data import pipeline, sft
-from dgemma.model.config import ConfigError
+from dgemma.data import sft
+from dgemma.settings import from_config as S
+from dgemma.errors import ConfigError
 from tests.model_utils import random_params
 from tests.test_block_causal import CFG, jitted_loss
 
@@ -69,13 +72,13 @@ def test_chat_rendering_gemma_special_ids_and_plain_text(tmp_path):
   record = json.dumps({"turns": [["system", "be brief"], ["user", "hello"]], "response": "hi 7"})
   byte = tokenizers.ByteTokenizer()
   prompt, response = sft.render(byte, record)
-  assert prompt[0] == byte.bos_id and sft.end_id(byte) == byte.eos_id and sft.chat_turn_ids(byte) is None
+  assert prompt[0] == byte.bos_id and sft.end_id(byte) == byte.eos_id and tokenizers.chat_turn_ids(byte) is None
   assert byte.decode(prompt) == "<|turn>system\nbe brief<turn|>\n<|turn>user\nhello<turn|>\n<|turn>model\n"
   assert byte.decode(response) == "hi 7"
   assert sft.prompt_ids(byte, "hello") == [2] + byte.encode("<|turn>user\nhello<turn|>\n<|turn>model\n")
 
   gemma = _gemma_like_tokenizer(tmp_path)
-  start, end = sft.chat_turn_ids(gemma)
+  start, end = tokenizers.chat_turn_ids(gemma)
   assert (gemma.piece_id("<|turn>"), gemma.piece_id("<turn|>")) == (start, end) and gemma.piece_id("nope") is None
   prompt, response = sft.render(gemma, record)
   enc = gemma.encode
@@ -105,17 +108,17 @@ def test_jsonl_records_and_errors(tmp_path):
   config = tiny_test.get_config()
   config.data.format = "sft"
   with pytest.raises(ConfigError, match="data.format.*data.source='files'"):
-    config_lib.validate(config)
+    settings_lib.from_config(config)
   config.data.source = "files"
   config.diffusion.canvases_per_row = 2
   with pytest.raises(ConfigError, match="diffusion.canvases_per_row.*one response canvas"):
-    config_lib.validate(config)
+    settings_lib.from_config(config)
   config.data.format, config.diffusion.canvases_per_row = "text", 5
   with pytest.raises(ConfigError, match="diffusion.canvases_per_row.*do not fit"):
-    config_lib.validate(config)
+    settings_lib.from_config(config)
   config.diffusion.canvases_per_row, config.data.sft_overflow = 1, "cut"
   with pytest.raises(ConfigError, match="data.sft_overflow"):
-    config_lib.validate(config)
+    settings_lib.from_config(config)
 
 
 # ---- the pipeline ------------------------------------------------------------------------------
@@ -143,14 +146,14 @@ def _sft_config(tmp_path, path):
 def test_pipeline_rows_are_make_row_of_a_record_and_resume_exactly(tmp_path):
   path = write_sft_file(tmp_path / "sft.jsonl")
   config = _sft_config(tmp_path, path)
-  prepared = pipeline.prepare(config)
+  prepared = data.prepare(S(config))
   tok = prepared.tokenizer
   by_prompt = {}
   for record in prepared.texts("train"):
     prompt, response = sft.render(tok, record)
     by_prompt[tuple(prompt)] = response
   assert len(by_prompt) == 25
-  it = pipeline.make_iterator(config, prepared, "train")
+  it = data.make_iterator(S(config), prepared, "train")
   batches = [next(it) for _ in range(2)]
   state = json.loads(json.dumps(it.get_state()))
   expected = [next(it) for _ in range(12)]
@@ -167,7 +170,7 @@ def test_pipeline_rows_are_make_row_of_a_record_and_resume_exactly(tmp_path):
         np.testing.assert_array_equal(row[key], want[key], err_msg=key)
       picked.append((k, sft.num_canvases(len(response), 16)))
   assert any(k > 0 for k, _ in picked) and any(k == 0 and n > 1 for k, n in picked)
-  resumed = pipeline.make_iterator(config, prepared, "train")
+  resumed = data.make_iterator(S(config), prepared, "train")
   next(resumed)
   resumed.set_state(state)
   for want in expected:
@@ -178,7 +181,7 @@ def test_pipeline_rows_are_make_row_of_a_record_and_resume_exactly(tmp_path):
   # to 2 earlier canvases of 16 do not fit in 48 - 16 context slots).
   config.data.sft_overflow, config.data.seq_len = "error", 48
   with pytest.raises(ValueError, match="data.sft_overflow='error': example"):
-    pipeline.make_iterator(config, prepared, "train")
+    data.make_iterator(S(config), prepared, "train")
 
 
 # ---- no leak: the context never sees noisy canvas tokens ---------------------------------------
@@ -195,7 +198,7 @@ def test_sft_rows_noise_reaches_only_the_canvas():
     prompt, response = [2] + list(g.integers(5, V, plen - 1)), list(g.integers(5, V, rlen))
     rows.append(sft.make_row(prompt, response, E, k, seq_len=40, canvas_len=8, pad_id=0))
   batch = {key: jnp.asarray(np.stack([r[key] for r in rows])) for key in rows[0]}
-  loss_cfg = diffusion.DiffusionLossConfig(canvas_len=8)
+  loss_cfg = DiffusionSettings(canvas_len=8)
   totals = diffusion.batch_totals(batch, loss_cfg)
   # Scored: every canvas token; encoder targets: response tokens of the context only (row 4 truncated:
   # 20 + 24 > 32 slots, so its context is 32 response-or-prompt tokens).

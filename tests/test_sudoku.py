@@ -2,13 +2,15 @@
 
 import itertools
 import json
-import types
 
 import numpy as np
 import pytest
 
+import dgemma
 from dgemma.data import sudoku
-from dgemma.model.config import ConfigError
+from dgemma import settings as settings_lib
+from dgemma.errors import ConfigError
+from eval import sudoku as eval_sudoku
 
 # A well-known puzzle (unique solution) and its solution.
 PUZZLE = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
@@ -129,23 +131,23 @@ def sudoku_config(tmp_path, train_csv="", validation_csv="", **sudoku_fields):
   config.data.sudoku.validation_csv = str(validation_csv)
   config.data.sudoku.update(sudoku_fields)
   config.train.num_steps = 1
+  config.opt.warmup_steps = 1  # <= train.num_steps (settings.from_config checks it)
   config.train.async_checkpointing = False
   config.sample.max_denoising_steps = 3
   return config
 
 
 def test_sudoku_rows_alignment_determinism_resume_and_config_errors(tmp_path):
-  from dgemma import config as config_lib
-  from dgemma.data import pipeline
+  from dgemma import data as data_lib
   rows = sudoku.generate(5, 30, 35, seed=3)
   train_csv = tmp_path / "train.csv"
   sudoku.write_csv(train_csv, rows)
   config = sudoku_config(tmp_path, train_csv, train_csv, augment=False)
   config.data.shuffle = False
-  config_lib.validate(config)
-  prepared = pipeline.prepare(config)
+  settings = settings_lib.from_config(config)
+  prepared = data_lib.prepare(settings)
   tok = prepared.tokenizer
-  batch = next(pipeline.make_iterator(config, prepared, "train"))
+  batch = next(data_lib.make_iterator(settings, prepared, "train"))
   assert batch["tokens"].shape == (2, 163)
   for b in range(2):   # unshuffled, unaugmented: exactly the CSV rows, prompt | canvas aligned cell by cell
     tokens = batch["tokens"][b]
@@ -154,15 +156,15 @@ def test_sudoku_rows_alignment_determinism_resume_and_config_errors(tmp_path):
   np.testing.assert_array_equal(batch["positions"], np.broadcast_to(np.arange(163), (2, 163)))
   np.testing.assert_array_equal(batch["segment_ids"], np.ones((2, 163)))
 
-  config = sudoku_config(tmp_path, train_csv, train_csv, augment=True)
-  prepared = pipeline.prepare(config)
-  first, second = (pipeline.make_iterator(config, prepared, "train") for _ in range(2))
+  settings = settings_lib.from_config(sudoku_config(tmp_path, train_csv, train_csv, augment=True))
+  prepared = data_lib.prepare(settings)
+  first, second = (data_lib.make_iterator(settings, prepared, "train") for _ in range(2))
   stream = [next(first) for _ in range(4)]   # 8 rows: more than an epoch of 5 puzzles
   state = first.get_state()
   after = next(first)
   for got in stream:
     np.testing.assert_array_equal(got["tokens"], next(second)["tokens"])  # same seed, same rows
-  resumed = pipeline.make_iterator(config, prepared, "train")
+  resumed = data_lib.make_iterator(settings, prepared, "train")
   resumed.set_state(state)
   np.testing.assert_array_equal(next(resumed)["tokens"], after["tokens"])
   blanks = sorted(p.count("0") for p, _ in rows)
@@ -173,7 +175,7 @@ def test_sudoku_rows_alignment_determinism_resume_and_config_errors(tmp_path):
       assert sudoku.is_solution(solution, puzzle) and int((puzzle == 0).sum()) in blanks
       seen_augmented += tok.decode(tokens[1:82]) not in {p for p, _ in rows}
   assert seen_augmented > 0
-  validation = next(pipeline.make_iterator(config, prepared, "validation"))  # never augmented
+  validation = next(data_lib.make_iterator(settings, prepared, "validation"))  # never augmented
   assert tok.decode(validation["tokens"][0][1:82]) == rows[0][0]
 
   def fails(match, **changes):
@@ -184,12 +186,13 @@ def test_sudoku_rows_alignment_determinism_resume_and_config_errors(tmp_path):
       for p in parents:
         node = node[p]
       node[leaf] = value
-    with pytest.raises(ConfigError, match=match):
-      pipeline.validate_data_config(bad)
+    with pytest.raises(ConfigError, match=match):  # the settings' checks, then the source's (before building)
+      data_lib.prepare(settings_lib.from_config(bad))
 
   fails("data.sudoku.train_csv: '/nonexistent.csv' does not exist", data__sudoku__train_csv="/nonexistent.csv")
   fails("data.seq_len: data.source='sudoku' rows are", data__seq_len=164)
-  fails("data.tokenizer.kind: data.source='sudoku' needs the byte tokenizer", data__tokenizer__kind="sentencepiece")
+  fails("data.tokenizer.kind: data.source='sudoku' needs the byte tokenizer", data__tokenizer__kind="sentencepiece",
+        data__tokenizer__vocab_size=512, model__vocab_size=512)  # (sizes the settings' own checks accept)
   fails("diffusion.canvas_len: data.source='sudoku'", diffusion__canvas_len=80)
   fails("data.sudoku.min_blanks", data__sudoku__min_blanks=50, data__sudoku__max_blanks=40)
   fails("data.sudoku.num_validation: must be positive", data__sudoku__validation_csv="",
@@ -197,7 +200,7 @@ def test_sudoku_rows_alignment_determinism_resume_and_config_errors(tmp_path):
   bad_csv = tmp_path / "bad.csv"
   bad_csv.write_text(f"puzzle,solution\n{PUZZLE},{SOLUTION[:-1]}\n")
   with pytest.raises(ValueError, match="bad.csv:2: solution: expected 81 digits"):
-    pipeline.prepare(sudoku_config(tmp_path, bad_csv, train_csv))
+    data_lib.prepare(settings_lib.from_config(sudoku_config(tmp_path, bad_csv, train_csv)))
 
 
 def test_infill_givens_rows_hold_the_givens_clean_and_unscored(tmp_path, monkeypatch):
@@ -206,8 +209,8 @@ def test_infill_givens_rows_hold_the_givens_clean_and_unscored(tmp_path, monkeyp
   input and logits, captured, with a plain numpy cross-entropy)."""
   import jax
   import jax.numpy as jnp
-  from dgemma import config as config_lib, diffusion
-  from dgemma.data import pipeline
+  from dgemma import data as data_lib
+  from dgemma import diffusion
   from dgemma.model import Transformer
   from tests.model_utils import random_params
   rows = sudoku.generate(4, 30, 45, seed=5)
@@ -215,9 +218,10 @@ def test_infill_givens_rows_hold_the_givens_clean_and_unscored(tmp_path, monkeyp
   sudoku.write_csv(train_csv, rows)
   config = sudoku_config(tmp_path, train_csv, train_csv, augment=True, infill_givens=True)
   config.data.batch_size = 4
-  model_cfg = config_lib.validate(config)
-  prepared = pipeline.prepare(config)
-  batch = next(pipeline.make_iterator(config, prepared, "train"))
+  settings = settings_lib.from_config(config)
+  model_cfg = settings.model
+  prepared = data_lib.prepare(settings)
+  batch = next(data_lib.make_iterator(settings, prepared, "train"))
   tok = prepared.tokenizer
   for b in range(4):
     puzzle = tok.decode(batch["tokens"][b][1:82])
@@ -235,7 +239,7 @@ def test_infill_givens_rows_hold_the_givens_clean_and_unscored(tmp_path, monkeyp
     return logits
 
   monkeypatch.setattr(Transformer, "decode", spy)
-  loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
+  loss_cfg = settings.diffusion
   jbatch = {k: jnp.asarray(v) for k, v in batch.items()}
   params = random_params(model_cfg)
   noised_blanks = 0
@@ -247,12 +251,14 @@ def test_infill_givens_rows_hold_the_givens_clean_and_unscored(tmp_path, monkeyp
     logp = seen["logits"] - np.log(np.exp(seen["logits"]).sum(-1, keepdims=True))
     ce = -np.take_along_axis(logp, clean[..., None], -1)[..., 0]
     assert float(metrics["canvas_tokens"]) == (~held).sum()
+    # the same fp32 logits: the library's fp32 log-softmax and mean vs float64 here, a few roundings of
+    # |logits| ~ 4 per token: ~10 eps * |logit| / CE <~ 3e-6 relative; rtol 1e-5
     np.testing.assert_allclose(float(metrics["canvas_loss"]), ce[~held].mean(), rtol=1e-5)
   assert noised_blanks > 0
 
   config.diffusion.objective = "ar"
   with pytest.raises(ConfigError, match="data.sudoku.infill_givens: holds canvas cells of a diffusion run"):
-    pipeline.validate_data_config(config)
+    data_lib.prepare(settings_lib.from_config(config))
 
 
 def _slow_metrics(records):
@@ -276,11 +282,10 @@ def _slow_metrics(records):
   return dict(solve_rate=solved / n, cell_accuracy=correct / (81 * n), blank_accuracy=blank_correct / blank_total)
 
 
+@pytest.mark.slow  # the Sudoku evaluation end to end (a saved run, sampling, the report)
 def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   import jax
   from tests.model_utils import save_random_run
-  from dgemma import config as config_lib
-  from eval import sudoku as eval_sudoku
 
   rows = sudoku.generate(2, 30, 35, seed=11)
   puzzles_csv = tmp_path / "puzzles.csv"
@@ -288,7 +293,8 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   config = sudoku_config(tmp_path, puzzles_csv, puzzles_csv)
   # A "trained" run without training: random init saved as step 1 with the run's config.json.
   workdir = tmp_path / "run"
-  model_cfg, state = save_random_run(config, workdir)
+  save_random_run(config, workdir)
+  model = dgemma.load(str(workdir))  # the run's own settings (config.json)
 
   out = tmp_path / "preds.jsonl"
   metrics = eval_sudoku.evaluate(str(workdir), str(puzzles_csv), predictions_path=str(out), batch_size=2,
@@ -298,7 +304,7 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   assert all(len(r["prediction"]) == 81 for r in records)
   slow = _slow_metrics(records)
   for key in slow:
-    assert metrics[key] == pytest.approx(slow[key], abs=1e-12), key
+    assert metrics[key] == pytest.approx(slow[key], abs=1e-12), key  # ratios of the same counts, float64
   assert json.loads(out.with_suffix(".metrics.json").read_text())["solve_rate"] == metrics["solve_rate"]
   assert metrics["variant"] == "released_renoise_non_accepted" and metrics["num_puzzles"] == 2
   assert metrics["givens_held"] is False
@@ -308,16 +314,15 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
                                    batch_size=2, hold_givens=True, print_fn=lambda *_: None)
   assert h_metrics["variant"] == "released_renoise_non_accepted_givens_held" and h_metrics["givens_held"] is True
   assert all(json.loads(line)["givens_kept"] for line in held_out_path.read_text().splitlines())
-  ar_config = config_lib.from_json((workdir / "config.json").read_text())
+  ar_config = settings_lib.from_json((workdir / "config.json").read_text())
   ar_config.diffusion.objective = "ar"
+  ar_model = model.with_config(ar_config)
   for held in (dict(hold_givens=True), dict(keep=[(SOLUTION, np.ones(81, bool))] * 2)):
     with pytest.raises(ConfigError, match="held cells need a diffusion run"):
-      eval_sudoku.solve_puzzles(ar_config, model_cfg, state.params, [p for p, _ in rows], batch_size=2, **held)
+      eval_sudoku.solve_puzzles(ar_model, [p for p, _ in rows], batch_size=2, **held)
 
   # The ablation runner's metric: the run's validation puzzles (here the same 2), same sampler -> same numbers.
-  run_config = config_lib.from_json((workdir / "config.json").read_text())
-  ckpt = types.SimpleNamespace(config=run_config, model_cfg=model_cfg, params=state.params)
-  ablation = eval_sudoku.ablation_metrics(ckpt, run_config)
+  ablation = eval_sudoku.ablation_metrics(model)
   for key in ("solve_rate", "cell_accuracy", "blank_accuracy", "num_puzzles"):
     assert ablation[key] == metrics[key], key
 
@@ -341,15 +346,19 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   real_quantize = quant.quantize_params
 
   def spy(params, qcfg):
-    schemes.append(qcfg.scheme)
+    shapes_only = all(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(params))  # under jax.eval_shape
     out = real_quantize(params, qcfg)
-    schemes.append(any(quant.is_quantized(x) for x in jax.tree.leaves(out, is_leaf=quant.is_quantized)))
+    schemes.append((qcfg.scheme, shapes_only,
+                    any(quant.is_quantized(x) for x in jax.tree.leaves(out, is_leaf=quant.is_quantized))))
     return out
 
   monkeypatch.setattr(quant, "quantize_params", spy)
   q_metrics = eval_sudoku.evaluate(str(workdir), str(puzzles_csv), overrides={"quantize": "int8"}, batch_size=2,
                                    print_fn=lambda *_: None)
-  assert schemes == ["int8", True] * 2  # quant.check's shape-only pass before loading, then the real weights
+  # quant.check's shape-only pass before loading (settings.from_config runs it, once per settings built),
+  # then the real weights, once
+  assert len(schemes) >= 2 and schemes[-1] == ("int8", False, True), schemes
+  assert schemes[:-1] == [("int8", True, True)] * (len(schemes) - 1), schemes
   assert q_metrics["variant"] == "released_renoise_non_accepted_int8" and q_metrics["num_puzzles"] == 2
   assert (workdir / "sudoku_predictions_released_renoise_non_accepted_int8.metrics.json").is_file()
 
@@ -359,8 +368,8 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   monkeypatch.setattr(quant, "quantize_params", real_quantize)
   real_solve, calls = eval_sudoku.solve_puzzles, []
 
-  def planted(config, model_cfg, params, puzzles, *, indices=None, candidate=0, **kw):
-    texts = real_solve(config, model_cfg, params, puzzles, indices=indices, candidate=candidate, **kw)
+  def planted(model, puzzles, *, indices=None, candidate=0, **kw):
+    texts = real_solve(model, puzzles, indices=indices, candidate=candidate, **kw)
     rows_ = list(range(len(puzzles)) if indices is None else indices)
     calls.append((rows_, candidate))
     return [rows[1][1] if (r, candidate) == (1, 1) else t for r, t in zip(rows_, texts)]
@@ -385,9 +394,9 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   calls.clear()
   seen_keep = []
 
-  def spy_keep(config, model_cfg, params, puzzles, *, keep=None, **kw):
+  def spy_keep(model, puzzles, *, keep=None, **kw):
     seen_keep.append(keep)
-    return real_solve(config, model_cfg, params, puzzles, keep=keep, **kw)
+    return real_solve(model, puzzles, keep=keep, **kw)
 
   monkeypatch.setattr(eval_sudoku, "solve_puzzles", spy_keep)
   r_metrics = eval_sudoku.evaluate(str(workdir), str(puzzles_csv), batch_size=2, candidates=2, retry="repair",
@@ -401,17 +410,18 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
     eval_sudoku.evaluate(str(workdir), str(puzzles_csv), candidates=2, retry="sometimes")
   # Held cells come out as given, whatever the (random) model predicts.
   held = np.arange(81) % 2 == 0
-  held_out = real_solve(run_config, model_cfg, state.params, [p for p, _ in rows], batch_size=2,
+  held_out = real_solve(model, [p for p, _ in rows], batch_size=2,
                         keep=[(solution, held) for _, solution in rows])  # the repair round's program
   for out_text, (_, solution) in zip(held_out, rows):
     assert [out_text[i] for i in np.flatnonzero(held)] == [solution[i] for i in np.flatnonzero(held)]
   # A run trained with data.sudoku.infill_givens holds every given, as its training did (the random
   # model alone does not keep them); with `keep` too, the givens are written over the held text.
   assert not all(r["givens_kept"] for r in records)
-  givens_config = config_lib.from_json((workdir / "config.json").read_text())
+  givens_config = settings_lib.from_json((workdir / "config.json").read_text())
   givens_config.data.sudoku.infill_givens = True
+  givens_model = model.with_config(givens_config)
   for keep in (None, [(SOLUTION[::-1], np.ones(81, bool))] * 2):
-    outs = real_solve(givens_config, model_cfg, state.params, [p for p, _ in rows], batch_size=2, keep=keep)
+    outs = real_solve(givens_model, [p for p, _ in rows], batch_size=2, keep=keep)
     for out_text, (puzzle, _) in zip(outs, rows):
       assert all(o == c for o, c in zip(out_text, puzzle) if c != "0")
       if keep is not None:  # the rest of the held text stays as held
@@ -423,7 +433,6 @@ def test_probe_hides_k_blank_cells_and_holds_the_rest(tmp_path, monkeypatch):
   other cell is held at the reference solution, one denoising step; the accuracy is counted on the
   open cells only. The real solver runs (random model); a spy records what it was asked."""
   from tests.model_utils import save_random_run
-  from eval import sudoku as eval_sudoku
   rows = sudoku.generate(2, 30, 35, seed=11)
   puzzles_csv = tmp_path / "puzzles.csv"
   sudoku.write_csv(puzzles_csv, rows)
@@ -431,9 +440,9 @@ def test_probe_hides_k_blank_cells_and_holds_the_rest(tmp_path, monkeypatch):
   save_random_run(sudoku_config(tmp_path, puzzles_csv, puzzles_csv), workdir)
   real_solve, calls = eval_sudoku.solve_puzzles, []
 
-  def spy(config, model_cfg, params, puzzles, *, keep=None, **kw):
-    texts = real_solve(config, model_cfg, params, puzzles, keep=keep, **kw)
-    calls.append((int(config.sample.max_denoising_steps), keep, texts))
+  def spy(model, puzzles, *, keep=None, **kw):
+    texts = real_solve(model, puzzles, keep=keep, **kw)
+    calls.append((model.settings.sample.sampler.max_denoising_steps, keep, texts))
     return texts
 
   monkeypatch.setattr(eval_sudoku, "solve_puzzles", spy)
@@ -454,7 +463,6 @@ def test_probe_hides_k_blank_cells_and_holds_the_rest(tmp_path, monkeypatch):
 
 
 def test_conflict_cells_and_held_cells_in_the_sampler():
-  from eval import sudoku as eval_sudoku
   puzzle, solution = sudoku.parse_grid(PUZZLE), sudoku.parse_grid(SOLUTION)
   assert not eval_sudoku.conflict_cells(solution, puzzle).any()
   blanks = np.flatnonzero(puzzle == 0)

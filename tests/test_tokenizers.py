@@ -4,7 +4,7 @@ import ml_collections
 import pytest
 
 from dgemma import tokenizers
-from dgemma.model.config import ConfigError
+from dgemma.errors import ConfigError
 
 UNICODE_TEXT = "Thou art  more lovely, and more temperate:\n\tnaïve café — 你好, мир 🙂\n"
 

@@ -10,6 +10,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from configs import demo
 from configs.models import tiny
@@ -30,6 +31,7 @@ def _count(text: str, label: str) -> int:
   return int(re.search(rf"^{label}:\s+([\d,]+)", text, re.M).group(1).replace(",", ""))
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_26b_preset():
   text = _run_cli("configs/models/diffusiongemma_26b_a4b.py")
   total, active = _count(text, "total parameters"), _count(text, "active per token")

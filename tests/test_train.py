@@ -12,21 +12,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dgemma import checkpointing, diffusion, trainer
-from dgemma import config as config_lib
-from dgemma.data import pipeline
+from dgemma import data, diffusion
+from dgemma import mesh as mesh_lib
+from dgemma import settings as settings_lib
+from dgemma.checkpoints import params as params_ckpt
+from dgemma.checkpoints import workdir as workdir_ckpt
+from dgemma.errors import ConfigError
+from dgemma.train import loop, optimizer as optimizer_lib, state as state_lib, step as step_lib
 from tests.conftest import TEST_XLA_FLAGS
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _setup(config):
-  model_cfg = config_lib.validate(config)
-  mesh = trainer.make_mesh(config.mesh)
-  optimizer = trainer.make_optimizer(config.opt, config.train.num_steps)
-  schedule = trainer.make_schedule(config.opt, config.train.num_steps)
-  loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
-  return model_cfg, mesh, optimizer, schedule, loss_cfg
+  settings = settings_lib.from_config(config)
+  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
+  schedule = optimizer_lib.make_schedule(settings.opt, settings.train.num_steps)
+  return settings, mesh, optimizer, schedule
 
 
 def test_train_steps_lower_loss_on_fixed_batch(tiny_config):
@@ -34,13 +37,14 @@ def test_train_steps_lower_loss_on_fixed_batch(tiny_config):
   config.train.num_steps = 40
   config.opt.warmup_steps = 0
   config.opt.lr = 3e-3
-  model_cfg, mesh, optimizer, schedule, loss_cfg = _setup(config)
-  prepared = pipeline.prepare(config)
-  batch = next(pipeline.make_iterator(config, prepared, "train"))
-  state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
-  step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, schedule))
+  settings, mesh, optimizer, schedule = _setup(config)
+  model_cfg, loss_cfg = settings.model, settings.diffusion
+  prepared = data.prepare(settings)
+  batch = next(data.make_iterator(settings, prepared, "train"))
+  state, _ = state_lib.create_train_state(model_cfg, mesh, settings.mesh.axis_rules, optimizer, jax.random.PRNGKey(0))
+  step = jax.jit(step_lib.make_train_step(model_cfg, loss_cfg, optimizer, schedule))
   rng = jax.random.PRNGKey(1)
-  eval_fn = jax.jit(trainer.make_eval_step(model_cfg, loss_cfg))
+  eval_fn = jax.jit(step_lib.make_eval_step(model_cfg, loss_cfg))
   fixed = jax.random.PRNGKey(7)
   before = float(eval_fn(state.params, batch, fixed)["loss"])
   for _ in range(25):
@@ -51,11 +55,11 @@ def test_train_steps_lower_loss_on_fixed_batch(tiny_config):
 
 
 def test_corruption_fraction_matches_t():
-  rng = jax.random.PRNGKey(0)
+  keys_B = jax.random.split(jax.random.PRNGKey(0), 64)
   tokens = jnp.zeros((64, 512), jnp.int32)
   for t in (0.1, 0.5, 0.9):
     t_B = jnp.full((64,), t)
-    noisy, replaced = diffusion.corrupt_uniform(rng, tokens, t_B, vocab_size=1000)
+    noisy, replaced = diffusion.corrupt_rows(keys_B, tokens, t_B, vocab_size=1000)
     assert abs(float(replaced.mean()) - t) < 0.01
     # A replaced token is uniform over the vocabulary: it equals the clean token about 1/V of the time.
     changed = np.asarray(noisy != tokens)
@@ -66,34 +70,39 @@ def test_corruption_fraction_matches_t():
 
 def test_save_restore_identical_state_and_next_batch(tiny_config, tmp_path):
   config = tiny_config
-  model_cfg, mesh, optimizer, schedule, loss_cfg = _setup(config)
-  prepared = pipeline.prepare(config)
-  it = pipeline.make_iterator(config, prepared, "train")
-  state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
-  step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, schedule))
+  settings, mesh, optimizer, schedule = _setup(config)
+  model_cfg, rules = settings.model, settings.mesh.axis_rules
+  prepared = data.prepare(settings)
+  it = data.make_iterator(settings, prepared, "train")
+  state, _ = state_lib.create_train_state(model_cfg, mesh, rules, optimizer, jax.random.PRNGKey(0))
+  step = jax.jit(step_lib.make_train_step(model_cfg, settings.diffusion, optimizer, schedule))
   for _ in range(2):
     state, _ = step(state, next(it), jax.random.PRNGKey(1))
-  manager = checkpointing.make_manager(tmp_path, keep=2, async_save=False)
-  checkpointing.save(manager, 2, state, it.get_state())
+  manager = workdir_ckpt.make_manager(tmp_path, keep=2, async_save=False)
+  workdir_ckpt.save(manager, 2, state, it.get_state())
   manager.wait_until_finished()
   expected_next = next(it)
 
-  _, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
-  restored, data_state = checkpointing.restore(manager, 2, abstract)
+  _, abstract, _ = state_lib.abstract_train_state(model_cfg, mesh, rules, optimizer)
+  restored, data_state = workdir_ckpt.restore(manager, 2, abstract)
   chex.assert_trees_all_equal(jax.device_get(restored), jax.device_get(state))
-  it2 = pipeline.make_iterator(config, prepared, "train")
+  # Params only (what sampling reads): the same params, without the optimizer state.
+  params_only = workdir_ckpt.restore_params(tmp_path, 2, abstract.params)
+  chex.assert_trees_all_equal(jax.device_get(params_only), jax.device_get(state.params))
+  it2 = data.make_iterator(settings, prepared, "train")
   it2.set_state(json.loads(json.dumps(data_state)))
   chex.assert_trees_all_equal(next(it2), expected_next)
 
 
+@pytest.mark.slow  # several whole training runs with checkpoints (the loop end to end)
 def test_interrupted_run_resumes_exactly(tiny_config, tmp_path):
   config = tiny_config
   config.train.num_steps = 6
   config.train.ckpt_every = 2
-  full = trainer.train_and_evaluate(config, str(tmp_path / "full"))
-  trainer.train_and_evaluate(config, str(tmp_path / "resumed"), stop_after_steps=3)
-  assert checkpointing.make_manager(tmp_path / "resumed", read_only=True).latest_step() == 3
-  resumed = trainer.train_and_evaluate(config, str(tmp_path / "resumed"))
+  full = loop.train_and_evaluate(config, str(tmp_path / "full"))
+  loop.train_and_evaluate(config, str(tmp_path / "resumed"), stop_after_steps=3)
+  assert workdir_ckpt.steps(tmp_path / "resumed")[-1] == 3
+  resumed = loop.train_and_evaluate(config, str(tmp_path / "resumed"))
   assert int(resumed.step) == 6
   chex.assert_trees_all_equal(jax.device_get(resumed.params), jax.device_get(full.params))
   chex.assert_trees_all_equal(jax.device_get(resumed.opt_state), jax.device_get(full.opt_state))
@@ -111,10 +120,10 @@ from tests.conftest import write_corpus
 from tests.golden import make_partition_specs
 from pathlib import Path
 from configs import tiny_test
-from dgemma import trainer, diffusion
-from dgemma import config as config_lib
-from dgemma.data import pipeline
+from dgemma import data, diffusion, mesh as mesh_lib
+from dgemma import settings as settings_lib
 from dgemma.model import Transformer
+from dgemma.train import optimizer as optimizer_lib, state as state_lib, step as step_lib
 from dgemma.model.moe import experts_dense, experts_expert_parallel
 from dgemma.model.sharding import fit_spec_to_shape
 from jax.sharding import NamedSharding
@@ -128,11 +137,13 @@ config.data.files = (str(write_corpus(tmp / "toy.txt")),)
 config.data.cache_dir = str(tmp / "cache")
 config.data.batch_size = 8
 config.diffusion.self_cond_prob = 0.0  # one decoder pass: a smaller program to compile per mesh
-prepared = pipeline.prepare(config)
-batch = next(pipeline.make_iterator(config, prepared, "train"))
-loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
-optimizer = trainer.make_optimizer(config.opt, 10)
-schedule = trainer.make_schedule(config.opt, 10)
+settings = settings_lib.from_config(config)
+prepared = data.prepare(settings)
+batch = next(data.make_iterator(settings, prepared, "train"))
+loss_cfg = settings.diffusion
+optimizer = optimizer_lib.make_optimizer(settings.opt, 10)
+schedule = optimizer_lib.make_schedule(settings.opt, 10)
+rules = settings.mesh.axis_rules
 flat = lambda tree: [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
 arrays, states = {}, {}
 # (name, mesh, moe_impl): data + FSDP, tensor, expert-parallel and mixed meshes against one device.
@@ -148,20 +159,20 @@ for name, shape, impl in cases:
   print(f"[{time.time() - t0:.0f}s] {name}", file=sys.stderr, flush=True)
   config.mesh.shape.update(shape)
   config.model.moe_impl = impl
-  model_cfg = config_lib.validate(config)
+  model_cfg = settings_lib.from_config(config).model
   devices = jax.devices()[:1] if name == "1dev" else jax.devices()
-  mesh = trainer.make_mesh(config.mesh, devices=devices)
-  data_sharding = trainer.batch_sharding(mesh, config)
-  with trainer.mesh_context(mesh, config):
+  mesh = mesh_lib.make_mesh(dict(config.mesh.shape), devices=devices)
+  data_sharding = mesh_lib.batch_sharding(mesh, rules)
+  with mesh_lib.mesh_context(mesh, rules):
     if name == "1dev":
-      state, shardings = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(0))
+      state, shardings = state_lib.create_train_state(model_cfg, mesh, rules, optimizer, jax.random.PRNGKey(0))
       init_state = jax.device_get(state)
     else:  # the same initial state placed on this mesh (one init compile for all meshes)
-      _, _, shardings = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
+      _, _, shardings = state_lib.abstract_train_state(model_cfg, mesh, rules, optimizer)
       state = jax.device_put(init_state, shardings)
-    step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, schedule),
+    step = jax.jit(step_lib.make_train_step(model_cfg, loss_cfg, optimizer, schedule),
                    in_shardings=(shardings, data_sharding, None), out_shardings=(shardings, None))
-    dbatch = trainer.device_batch(batch, data_sharding)
+    dbatch = step_lib.device_batch(batch, data_sharding)
     hlo = step.lower(state, dbatch, jax.random.PRNGKey(3)).as_text()
     for _ in range(2):
       state, metrics = step(state, dbatch, jax.random.PRNGKey(3))
@@ -174,6 +185,7 @@ for name, shape, impl in cases:
   states[name] = (state.params, model_cfg)
 np.savez(tmp / "arrays.npz", **{f"{n}/{k}/{i}": a for n, d in arrays.items() for k, v in d.items() for i, a in enumerate(v)})
 out["train"] = results
+sampler_cfg = settings_lib.from_config(config).sample.sampler  # (mesh 'mixed': its 4 experts split over expert=2)
 
 # Expert-parallel dispatch with a token count that needs padding (37 tokens over 8 shards).
 g = np.random.default_rng(0)
@@ -182,24 +194,24 @@ x, w = jnp.asarray(g.normal(size=(T, D)), jnp.float32), jnp.asarray(g.uniform(si
 wts = [jnp.asarray(g.normal(size=s) * 0.3, jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D))]
 idx = jnp.asarray(np.stack([g.choice(E, k, replace=False) for _ in range(T)]), jnp.int32)
 config.mesh.shape.update(dict(data=1, fsdp=1, expert=8, tensor=1))
-with trainer.mesh_context(trainer.make_mesh(config.mesh), config):
+with mesh_lib.mesh_context(mesh_lib.make_mesh(dict(config.mesh.shape)), rules):
   ep = jax.jit(lambda *a: experts_expert_parallel(*a, jnp.float32))(x, *wts, w, idx)
-out["ep_padded_err"] = float(jnp.max(jnp.abs(ep - experts_dense(x, *wts, w, idx, jnp.float32))))
+dense = experts_dense(x, *wts, w, idx, jnp.float32)
+out["ep_padded_err"], out["ep_padded_scale"] = float(jnp.max(jnp.abs(ep - dense))), float(jnp.max(jnp.abs(dense)))
 
 print(f"[{time.time() - t0:.0f}s] sampling", file=sys.stderr, flush=True)
 # Sharded sampling: the batch over data, experts over expert (all-to-all), same tokens as one device.
-sampler_cfg = SamplerConfig.from_config(config)
 prompts = np.array([[2, 70, 80, 90, 100], [2, 71, 81, 0, 0]], np.int32)
 lengths = np.array([5, 3], np.int32)
 tokens = {}
 for name in ("1dev", "expert"):
   params, model_cfg = states["1dev"][0], states[name][1]
   config.mesh.shape.update([c[1] for c in cases if c[0] == name][0])
-  mesh = trainer.make_mesh(config.mesh, devices=jax.devices()[:1] if name == "1dev" else jax.devices())
-  with trainer.mesh_context(mesh, config):
-    _, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
+  mesh = mesh_lib.make_mesh(dict(config.mesh.shape), devices=jax.devices()[:1] if name == "1dev" else jax.devices())
+  with mesh_lib.mesh_context(mesh, rules):
+    _, abstract, _ = state_lib.abstract_train_state(model_cfg, mesh, rules, optimizer)
     params = jax.device_put(jax.device_get(params), jax.tree.map(lambda a: a.sharding, abstract.params))
-    rows = NamedSharding(mesh, fit_spec_to_shape(trainer.batch_sharding(mesh, config).spec, prompts.shape, mesh))
+    rows = NamedSharding(mesh, fit_spec_to_shape(mesh_lib.batch_sharding(mesh, rules).spec, prompts.shape, mesh))
     res = generate(Transformer(model_cfg), params, jax.device_put(prompts, rows), lengths, sampler_cfg,
                    jax.random.key(5), 16)  # 2 rows over data=2 (fit_spec_to_shape drops expert)
   tokens[name] = np.asarray(res.tokens_BN).tolist()
@@ -208,6 +220,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # 8 virtual devices (a subprocess)
 def test_eight_virtual_devices_match_one_device(tmp_path):
   """One subprocess with 8 virtual CPU devices (shared startup and compiles):
   - golden PartitionSpecs of every parameter under each mesh preset (tests/golden/partition_specs.json,
@@ -233,26 +246,30 @@ def test_eight_virtual_devices_match_one_device(tmp_path):
   mu_ref, params_ref = leaves("1dev", "mu"), leaves("1dev", "params")
   mu_scale = np.sqrt(sum(np.sum(np.square(m)) for m in mu_ref))
   for name in ("data_fsdp", "tensor", "expert", "mixed"):
-    # Same math, different reduction order across devices: fp32 round-off only.
+    # Same math, different reduction order across devices: fp32 round-off only (loss ~11 a mean over
+    # the batch, measured <= 2% of rtol 1e-5; grad_norm <= 2% of rtol 1e-4).
     np.testing.assert_allclose(train[name]["loss"], train["1dev"]["loss"], rtol=1e-5, err_msg=name)
     np.testing.assert_allclose(train[name]["grad_norm"], train["1dev"]["grad_norm"], rtol=1e-4, err_msg=name)
     # Gradients: every Adam first moment (a mix of both steps' gradients) within 1e-4 of the global
-    # gradient scale (measured <= 1e-5). Params within 0.05 lr: Adam's first updates are ~lr * g / |g|,
-    # so round-off in a near-zero gradient moves a weight by a fraction of lr (measured <= 2.2e-5 =
-    # 0.022 lr; cf. test_grad_accumulation_matches_whole_batch).
+    # gradient scale (measured <= 1.9e-5). Params within 0.2 lr: Adam's first updates are lr * g / (|g| +
+    # eps), so a round-off dg in a near-zero gradient moves a weight by up to lr * dg / eps (measured
+    # 0.021 lr; a sign flip could give 2 lr), while a wrongly applied update moves weights by ~lr
+    # (cf. test_grad_accumulation_matches_whole_batch).
     for i, (m, m_ref) in enumerate(zip(leaves(name, "mu"), mu_ref)):
       assert np.linalg.norm(m - m_ref) <= 1e-4 * mu_scale, (name, i)
     for p, p_ref in zip(leaves(name, "params"), params_ref):
-      np.testing.assert_allclose(p, p_ref, atol=0.05 * 1e-3, rtol=0, err_msg=name)  # tiny_test lr = 1e-3
+      np.testing.assert_allclose(p, p_ref, atol=0.2 * 1e-3, rtol=0, err_msg=name)  # tiny_test lr = 1e-3
   # The meshes really split the work: the batch over data x fsdp x expert, the experts over expert
   # (exchanged by all-to-all), expert_mlp over tensor.
   assert train["data_fsdp"]["batch_shard"][0] == 1 and train["expert"]["batch_shard"][0] == 1
   assert train["expert"]["all_to_all"] and train["mixed"]["all_to_all"] and not train["tensor"]["all_to_all"]
   assert train["expert"]["expert_shard"] == [2, 1, 64, 32] and train["mixed"]["expert_shard"] == [2, 2, 32, 16]
-  assert res["ep_padded_err"] < 1e-5
+  # two fp32 implementations of one expert layer: 50 eps * max|out|, as in tests/test_moe.py
+  assert res["ep_padded_err"] <= 50 * np.finfo(np.float32).eps * res["ep_padded_scale"], res["ep_padded_err"]
   assert res["sample"]["expert"] == res["sample"]["1dev"]
 
 
+@pytest.mark.slow  # subprocesses (train.py)
 def test_train_py_end_to_end(tiny_config, tmp_path):
   workdir = tmp_path / "wd"
   cmd = [sys.executable, "train.py", "--config=configs/tiny_test.py", f"--workdir={workdir}",
@@ -263,7 +280,7 @@ def test_train_py_end_to_end(tiny_config, tmp_path):
   assert out.returncode == 0, out.stderr[-4000:]
   saved = json.loads((workdir / "config.json").read_text())
   assert saved["train"]["num_steps"] == 4 and saved["opt"]["lr"] == 2e-3
-  assert checkpointing.make_manager(workdir, read_only=True).latest_step() == 4
+  assert workdir_ckpt.steps(workdir)[-1] == 4
 
 
 # ---- objectives wiring, router losses, memory knobs (tiny shapes: a few compiles) ----------------
@@ -295,7 +312,7 @@ def _quick_state(model_cfg, optimizer):
   params = treedef.unflatten([
       jnp.ones(s.shape, s.dtype) if len(s.shape) <= 1 else (0.05 * jax.random.normal(k, s.shape)).astype(s.dtype)
       for k, s in zip(keys, leaves)])
-  return trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+  return state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
 def test_router_losses_add_exactly_their_sown_values():
@@ -304,31 +321,38 @@ def test_router_losses_add_exactly_their_sown_values():
   results, state = {}, None
   for weights in ((0.0, 0.0), (0.01, 0.001)):
     config.model.router_aux_loss_weight, config.model.router_z_loss_weight = weights
-    model_cfg, _, optimizer, _, loss_cfg = _setup(config)
+    settings, _, optimizer, _ = _setup(config)
+    model_cfg, loss_cfg = settings.model, settings.diffusion
     state = state or _quick_state(model_cfg, optimizer)
     fn = jax.jit(lambda p, b, r: diffusion.diffusion_loss(p, b, r, model_cfg=model_cfg, loss_cfg=loss_cfg))
     results[weights] = jax.device_get(fn(state.params, batch, jax.random.PRNGKey(3)))
   (loss0, m0), (loss1, m1) = results[(0.0, 0.0)], results[(0.01, 0.001)]
   assert "router_aux_loss" not in m0 and m1["router_aux_loss"] > 0 and m1["router_z_loss"] > 0
-  np.testing.assert_allclose(loss1 - loss0, m1["router_aux_loss"] + m1["router_z_loss"], rtol=1e-4)
-  np.testing.assert_allclose(m1["canvas_loss"], m0["canvas_loss"], rtol=1e-6)
+  # loss1 - loss0 cancels two fp32 totals (~11) to the aux terms (~0.02): each total carries its own final
+  # roundings (<= eps |loss| together), which rtol 1e-4 of the aux alone (2.4e-6) barely covers: add them.
+  np.testing.assert_allclose(loss1 - loss0, m1["router_aux_loss"] + m1["router_z_loss"], rtol=1e-4,
+                             atol=4 * np.finfo(np.float32).eps * abs(float(loss1)))
+  np.testing.assert_allclose(m1["canvas_loss"], m0["canvas_loss"], rtol=1e-6)  # the same ops (measured equal)
   # The metrics are the sums over the scored passes (encoder, scored decoder pass) of what was sown.
   sown = {"encode": {"router_aux_loss": (jnp.float32(0.5),), "router_z_loss": (jnp.float32(0.25),)},
           "decode": {"router_aux_loss": (jnp.float32(1.0),), "router_z_loss": (jnp.float32(2.0),)}}
-  assert {k: float(v) for k, v in diffusion.router_losses(sown).items()} == {"router_aux_loss": 1.5,
+  assert {k: float(v) for k, v in diffusion.sum_sown_router_losses(sown).items()} == {"router_aux_loss": 1.5,
                                                                              "router_z_loss": 2.25}
 
 
 def test_grad_accumulation_matches_whole_batch():
   from configs import tiny_test
   config, batch = _small(tiny_test.get_config())
-  model_cfg, _, optimizer, schedule, loss_cfg = _setup(config)
+  settings, _, optimizer, schedule = _setup(config)
+  model_cfg, loss_cfg = settings.model, settings.diffusion
   state = _quick_state(model_cfg, optimizer)
   out = {}
   for k in (1, 2):
-    step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, schedule, grad_accum_steps=k))
+    step = jax.jit(step_lib.make_train_step(model_cfg, loss_cfg, optimizer, schedule, grad_accum_steps=k))
     out[k] = jax.device_get(step(state, batch, jax.random.PRNGKey(1)))
   (s1, m1), (s2, m2) = out[1], out[2]
+  # micro-batches vs the whole batch: other fp32 reduction orders, means over ~100 tokens (measured
+  # <= 10% of rtol 1e-5; counts and fractions exact)
   for key in ("loss", "canvas_loss", "encoder_loss", "grad_norm", "canvas_tokens", "corrupted_fraction"):
     np.testing.assert_allclose(m2[key], m1[key], rtol=1e-5, err_msg=key)
   # Adam's first moment after one step is (1 - b1) * grad: the accumulated gradient matches to fp32
@@ -337,18 +361,21 @@ def test_grad_accumulation_matches_whole_batch():
   mu1, mu2 = jax.tree.leaves(s1.opt_state[1][0].mu), jax.tree.leaves(s2.opt_state[1][0].mu)
   scale = np.sqrt(sum(np.sum(np.square(g)) for g in mu1))
   for g1, g2 in zip(mu1, mu2):
-    assert np.linalg.norm(g2 - g1) <= 1e-5 * scale
-  # The first Adam update is ~lr * g / (|g| + eps): round-off in a near-zero g moves a weight by << lr.
-  chex.assert_trees_all_close(s2.params, s1.params, atol=0.05 * config.opt.lr, rtol=0)
+    assert np.linalg.norm(g2 - g1) <= 1e-5 * scale  # measured <= 4% of this
+  # The first Adam update is lr * g / (|g| + eps): a round-off dg of a near-zero g moves it by up to
+  # lr * dg / eps (eps = 1e-8), measured 0.02 lr (dg ~ 2e-10), and a sign flip could give 2 lr; 0.2 lr
+  # allows dg up to 2e-9 while a wrongly applied update moves weights by ~lr.
+  chex.assert_trees_all_close(s2.params, s1.params, atol=0.2 * config.opt.lr, rtol=0)
 
 
 def test_bf16_compute_and_bf16_adam_state_one_step():
   from configs import tiny_test
   config, batch = _small(tiny_test.get_config())
   config.model.dtype, config.model.param_dtype, config.opt.state_dtype = "bfloat16", "float32", "bfloat16"
-  model_cfg, _, optimizer, schedule, loss_cfg = _setup(config)
+  settings, _, optimizer, schedule = _setup(config)
+  model_cfg, loss_cfg = settings.model, settings.diffusion
   state = _quick_state(model_cfg, optimizer)
-  step = jax.jit(trainer.make_train_step(model_cfg, loss_cfg, optimizer, schedule))
+  step = jax.jit(step_lib.make_train_step(model_cfg, loss_cfg, optimizer, schedule))
   new_state, metrics = jax.device_get(step(state, batch, jax.random.PRNGKey(1)))
   assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
   adam = new_state.opt_state[1][0]
@@ -360,24 +387,24 @@ def test_bf16_compute_and_bf16_adam_state_one_step():
 
 def test_init_from_params_checkpoint(tiny_config, tmp_path):
   """train.init_from starts from converted params (AR -> diffusion adaptation) at step 0."""
-  from dgemma import checkpoint_io
   config = tiny_config
-  model_cfg, mesh, optimizer, _, _ = _setup(config)
-  state, _ = trainer.create_train_state(model_cfg, config, mesh, optimizer, jax.random.PRNGKey(42))
+  settings, mesh, optimizer, _ = _setup(config)
+  model_cfg = settings.model
+  state, _ = state_lib.create_train_state(model_cfg, mesh, settings.mesh.axis_rules, optimizer, jax.random.PRNGKey(42))
   ckpt = tmp_path / "converted"
-  checkpoint_io.save_params(ckpt, jax.device_get(state.params), model_cfg.to_dict())
+  params_ckpt.save_params(ckpt, jax.device_get(state.params), model_cfg.to_dict())
   from configs import adapt_from_gemma4
   adapt = adapt_from_gemma4.get_config(str(ckpt))  # the adaptation config takes its model from the checkpoint
-  arch = lambda cfg: {k: v for k, v in cfg.to_dict().items() if k not in trainer._RUNTIME_FIELDS}
-  assert arch(config_lib.validate(adapt)) == arch(model_cfg) and adapt.train.init_from == str(ckpt)
+  assert settings_lib.model_differences(settings_lib.from_config(adapt).model, model_cfg) == []
+  assert adapt.train.init_from == str(ckpt)
   config.train.init_from = str(ckpt)
-  started = trainer.train_and_evaluate(config, str(tmp_path / "wd"), stop_after_steps=0)
+  started = loop.train_and_evaluate(config, str(tmp_path / "wd"), stop_after_steps=0)
   assert int(started.step) == 0
   chex.assert_trees_all_equal(jax.device_get(started.params), jax.device_get(state.params))
 
   config.model.d_model = 32  # a different architecture is refused, naming the field
-  with pytest.raises(config_lib.ConfigError, match=r"model\.d_model"):
-    trainer.train_and_evaluate(config, str(tmp_path / "wd2"))
+  with pytest.raises(ConfigError, match=r"model\.d_model"):
+    loop.train_and_evaluate(config, str(tmp_path / "wd2"))
   config.train.init_from = str(tmp_path / "missing")
   with pytest.raises(FileNotFoundError, match="train.init_from"):
-    trainer.train_and_evaluate(config, str(tmp_path / "wd3"))
+    loop.train_and_evaluate(config, str(tmp_path / "wd3"))

@@ -1,8 +1,12 @@
-"""Datasets for dgemma: local text or TFDS, tokenized and packed by grain (see pipeline.py)."""
+"""Datasets for dgemma: the data sources of `sources` (local text, TFDS, Sudoku) behind one interface,
+tokenized and packed by grain (pipeline.py), with SFT rows (sft.py).
 
-from dgemma.data.pipeline import (DataIterator, PreparedData, make_iterator, prepare,
-                                  validate_data_config)
+  prepared = dgemma.data.prepare(settings)
+  it = dgemma.data.make_iterator(settings, prepared, "train")
+"""
+
+from dgemma.data.pipeline import DataIterator, PreparedData
 from dgemma.data.shakespeare import fetch_shakespeare
+from dgemma.data.sources import SOURCES, make_iterator, prepare
 
-__all__ = ["DataIterator", "PreparedData", "fetch_shakespeare", "make_iterator", "prepare",
-           "validate_data_config"]
+__all__ = ["DataIterator", "PreparedData", "SOURCES", "fetch_shakespeare", "make_iterator", "prepare"]

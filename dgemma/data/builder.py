@@ -27,9 +27,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from dgemma.data import jsonl, sft, shakespeare
-from dgemma.model.config import ConfigError
+from dgemma.errors import ConfigError
 
-SOURCES = ("shakespeare", "files", "tfds", "sudoku")  # sudoku: dgemma/data/sudoku.py (fixed rows)
 TXT_MODES = ("line", "file")
 EXTENSIONS = (".txt", ".jsonl")
 # Bump when document extraction or split assignment changes: old caches stop matching.
@@ -47,6 +46,7 @@ class LocalTextConfig(tfds.core.BuilderConfig):
   validation_fraction: float = 0.05
   format: str = "text"
   sft_fields: tuple[str, str, str] = ("prompt", "response", "messages")  # prompt, response, messages
+  encoding_errors: str = "strict"
 
 
 class LocalText(tfds.core.GeneratorBasedBuilder):
@@ -109,22 +109,23 @@ def assign_validation(units: np.ndarray, fraction: float) -> np.ndarray:
 def _iter_all_documents(config: LocalTextConfig) -> Iterator[str]:
   for path in config.files:
     if config.format == "sft":
-      yield from sft.iter_jsonl_examples(path, *config.sft_fields)
+      yield from sft.iter_jsonl_examples(path, *config.sft_fields, encoding_errors=config.encoding_errors)
     elif config.source == "shakespeare":
       doc = shakespeare.strip_gutenberg_boilerplate(Path(path).read_text(encoding="utf-8"))
       if doc:
         yield doc
     else:
-      yield from iter_file_documents(path, config.txt_mode, config.jsonl_field)
+      yield from iter_file_documents(path, config.txt_mode, config.jsonl_field, config.encoding_errors)
 
 
-def iter_file_documents(path: str | os.PathLike[str], txt_mode: str = "line",
-                        jsonl_field: str = "text") -> Iterator[str]:
-  """Documents of one .txt or .jsonl file; raises naming the file when it holds none."""
+def iter_file_documents(path: str | os.PathLike[str], txt_mode: str = "line", jsonl_field: str = "text",
+                        encoding_errors: str = "strict") -> Iterator[str]:
+  """Documents of one .txt or .jsonl file; raises naming the file when it holds none, and the file and
+  line when it is not UTF-8 (unless encoding_errors='replace', dgemma/data/jsonl.py)."""
   path = Path(path)
   count = 0
   if path.suffix == ".txt":
-    text = path.read_text(encoding="utf-8")
+    text = jsonl.read_text(path, encoding_errors)
     if txt_mode == "file":
       docs = [text] if text.strip() else []
     elif txt_mode == "line":
@@ -135,7 +136,7 @@ def iter_file_documents(path: str | os.PathLike[str], txt_mode: str = "line",
       count += 1
       yield doc
   elif path.suffix == ".jsonl":
-    for where, record in jsonl.records(path):
+    for where, record in jsonl.records(path, encoding_errors):
       if not isinstance(record, dict) or jsonl_field not in record:
         raise ValueError(f"{where}: no field {jsonl_field!r} (data.jsonl_field)")
       doc = record[jsonl_field]
@@ -182,12 +183,7 @@ def make_builder_config(data_config) -> LocalTextConfig:
   """The LocalTextConfig for data.source 'shakespeare' or 'files' (fetches Shakespeare once)."""
   source = data_config.source
   fraction = float(data_config.validation_fraction)
-  data_format = str(data_config.get("format", "text"))
-  if data_format == "sft" and source != "files":
-    raise ConfigError(f"data.format: 'sft' reads .jsonl records from data.files; set data.source='files' "
-                      f"(got {source!r})")
-  if not 0.0 <= fraction < 1.0:
-    raise ConfigError(f"data.validation_fraction: must be in [0, 1), got {fraction}")
+  data_format = str(data_config.format)
   if source == "shakespeare":
     identity = dict(format=_FORMAT_VERSION, source=source, validation_fraction=fraction,
                     package=f"{shakespeare.PACKAGE}=={shakespeare.VERSION}")
@@ -198,13 +194,13 @@ def make_builder_config(data_config) -> LocalTextConfig:
         description=f"{len(files)} works of Shakespeare "
         f"({shakespeare.PACKAGE}=={shakespeare.VERSION})")
   if source == "files":
-    if data_config.txt_mode not in TXT_MODES:
-      raise ConfigError(f"data.txt_mode: {data_config.txt_mode!r} not in {TXT_MODES}")
     paths = check_files(tuple(data_config.files))
     stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
     identity = dict(format=_FORMAT_VERSION, source=source, files=stats,
                     txt_mode=data_config.txt_mode, jsonl_field=data_config.jsonl_field,
                     validation_fraction=fraction)
+    if data_config.encoding_errors != "strict":  # the documents change; 'strict' keeps existing cache keys
+      identity.update(encoding_errors=data_config.encoding_errors)
     sft_fields = ("prompt", "response", "messages")
     if data_format == "sft":
       sft_fields = (data_config.prompt_field, data_config.response_field, data_config.messages_field)
@@ -213,9 +209,8 @@ def make_builder_config(data_config) -> LocalTextConfig:
         name=f"{'sft' if data_format == 'sft' else 'files'}_{_identity(identity)}", source=source,
         files=tuple(str(p) for p in paths), txt_mode=data_config.txt_mode, jsonl_field=data_config.jsonl_field,
         validation_fraction=fraction, format=data_format, sft_fields=sft_fields,
-        description=f"{len(paths)} file(s): {', '.join(p.name for p in paths[:5])}")
-  raise ConfigError(f"data.source: {source!r} is not a local source; use one of {SOURCES[:2]}"
-                    if source in SOURCES else f"data.source: {source!r} not in {SOURCES}")
+        encoding_errors=data_config.encoding_errors, description=f"{len(paths)} file(s): {', '.join(p.name for p in paths[:5])}")
+  raise ConfigError(f"data.source: {source!r} is not a local text source ('shakespeare' or 'files')")
 
 
 def tfds_dir(data_config) -> Path:

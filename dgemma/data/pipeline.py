@@ -1,8 +1,9 @@
-"""Text -> packed token batches, with grain.
+"""Text -> packed token batches, with grain: the text sources (shakespeare, files, tfds) of
+`dgemma.data.sources`, which is where callers go:
 
-  prepared = prepare(config)                       # builds dataset + tokenizer once, cached
-  it = make_iterator(config, prepared, "train", shard_index=jax.process_index(),
-                     shard_count=jax.process_count())
+  prepared = sources.prepare(settings)             # builds dataset + tokenizer once, cached
+  it = sources.make_iterator(settings, prepared, "train", shard_index=jax.process_index(),
+                             shard_count=jax.process_count())
   batch = next(it)   # {'tokens', 'segment_ids', 'positions'}: int32[B, L]
   state = it.get_state()   # JSON-serializable; it.set_state(state) resumes exactly
 
@@ -32,7 +33,7 @@ import tensorflow_datasets as tfds
 from dgemma import tokenizers
 from dgemma.data import builder as builder_lib
 from dgemma.data import sft
-from dgemma.model.config import ConfigError
+from dgemma.errors import ConfigError
 
 _STATE_FORMAT = 1
 # Fields of the iterator state that must match on set_state (else it is another stream).
@@ -83,71 +84,27 @@ def _as_text(value) -> str:
   return str(value)
 
 
-def validate_data_config(config, *, shard_index: int = 0, shard_count: int = 1) -> None:
-  """Checks the data fields cheaply, before anything is built; raises naming the field."""
-  data = config.data
+def prepare_local(settings) -> PreparedData:
+  """A text source built here (data.source 'shakespeare' or 'files'): the dataset and its tokenizer."""
+  builder = builder_lib.build_local_dataset(settings.data)
 
-  def need(cond: bool, field: str, msg: str):
-    if not cond:
-      raise ConfigError(f"{field}: {msg}")
+  def open_split(split, builder=builder):
+    return builder.as_data_source(split=split)
 
-  need(data.source in builder_lib.SOURCES, "data.source",
-       f"{data.source!r} not in {builder_lib.SOURCES}")
-  if data.source == "files":
-    need(len(data.files) > 0, "data.files",
-         "empty, but data.source='files' needs at least one .txt or .jsonl file")
-    need(data.txt_mode in builder_lib.TXT_MODES, "data.txt_mode",
-         f"{data.txt_mode!r} not in {builder_lib.TXT_MODES}")
-  if data.source == "tfds":
-    need(bool(data.tfds_name), "data.tfds_name",
-         "empty, but data.source='tfds' needs a TFDS catalog name (e.g. 'lm1b')")
-  if data.source == "sudoku":
-    from dgemma.data import sudoku
-    sudoku.validate_config(config)
-  need(bool(str(data.cache_dir)), "data.cache_dir", "must name a directory")
-  need(0.0 <= data.validation_fraction < 1.0, "data.validation_fraction",
-       f"must be in [0, 1), got {data.validation_fraction}")
-  need(isinstance(data.seq_len, int) and data.seq_len > 0, "data.seq_len",
-       f"must be a positive integer, got {data.seq_len!r}")
-  need(isinstance(data.batch_size, int) and data.batch_size > 0, "data.batch_size",
-       f"must be a positive integer, got {data.batch_size!r}")
-  need(isinstance(data.num_epochs, int) and data.num_epochs >= 0, "data.num_epochs",
-       f"must be >= 0 (0 = repeat forever), got {data.num_epochs!r}")
-  need(shard_count >= 1, "shard_count", f"must be >= 1, got {shard_count}")
-  need(0 <= shard_index < shard_count, "shard_index",
-       f"{shard_index} not in [0, shard_count={shard_count})")
-  need(data.batch_size % shard_count == 0, "data.batch_size",
-       f"{data.batch_size} is not divisible by the {shard_count} data shards (processes)")
-  kind = data.tokenizer.kind
-  need(kind in tokenizers.TOKENIZER_KINDS, "data.tokenizer.kind",
-       f"{kind!r} not in {tokenizers.TOKENIZER_KINDS}")
-  if kind == "sentencepiece":
-    tokenizers.check_sentencepiece_vocab_size(data.tokenizer.vocab_size)
-  if kind == "file" and not os.path.isfile(data.tokenizer.path):
-    raise FileNotFoundError(f"data.tokenizer.path: {data.tokenizer.path!r} does not exist "
-                            "(data.tokenizer.kind='file' needs a SentencePiece .model file)")
+  return _with_tokenizer(settings, dict(dataset_id=builder.builder_config.name, text_key="text",
+                                        splits=tuple(sorted(builder.info.splits.keys())), _open_split=open_split))
 
 
-def prepare(config) -> PreparedData:
-  """Builds the dataset and the tokenizer (first call; later calls reuse the cache)."""
-  validate_data_config(config)
-  data = config.data
-  if data.source == "sudoku":
-    from dgemma.data import sudoku
-    return sudoku.prepare(config)
-  if data.source == "tfds":
-    prepared_source = _prepare_tfds(data)
-  else:
-    builder = builder_lib.build_local_dataset(data)
+def prepare_tfds(settings) -> PreparedData:
+  """data.source 'tfds': a TFDS catalog dataset and its tokenizer."""
+  return _with_tokenizer(settings, _prepare_tfds(settings.data))
 
-    def open_split(split, builder=builder):
-      return builder.as_data_source(split=split)
 
-    prepared_source = dict(dataset_id=builder.builder_config.name, text_key="text",
-                           splits=tuple(sorted(builder.info.splits.keys())),
-                           _open_split=open_split)
+def _with_tokenizer(settings, prepared_source: dict) -> PreparedData:
+  """Trains (first call) or loads the tokenizer data.tokenizer asks for, on the train split's text."""
+  data = settings.data
   untokenized = PreparedData(tokenizer=tokenizers.ByteTokenizer(), **prepared_source)
-  plain = sft.record_text if data.get("format", "text") == "sft" else (lambda text: text)
+  plain = sft.record_text if data.format == "sft" else (lambda text: text)
   tokenizer = tokenizers.build_tokenizer(
       data, train_texts=lambda: map(plain, untokenized.texts("train")), cache_key=untokenized.dataset_id)
   return dataclasses.replace(untokenized, tokenizer=tokenizer)
@@ -156,8 +113,6 @@ def prepare(config) -> PreparedData:
 def _prepare_tfds(data) -> dict:
   """A TFDS catalog dataset, built as ArrayRecord (downloads on first use: needs internet)."""
   name = data.tfds_name
-  if not name:
-    raise ConfigError("data.tfds_name: empty, but data.source='tfds' needs a TFDS catalog name")
   data_dir = str(builder_lib.tfds_dir(data))
   try:
     tfds_builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
@@ -222,7 +177,7 @@ class _PickRow(grain.transforms.Map):
     return _padding_rows(group, None, self._pad_id)
 
 
-class _FillBatch(grain.transforms.Map):
+class FillBatch(grain.transforms.Map):
   """Tops a short final batch up to `batch_size` rows with all-padding rows."""
 
   def __init__(self, batch_size: int, pad_id: int):
@@ -292,31 +247,16 @@ class DataIterator:
     self._iterator.set_state(_restore_tuples(state["grain"]))
 
 
-def make_iterator(config, prepared: PreparedData, split: str, *, shard_index: int = 0,
-                  shard_count: int = 1, seed: int | None = None, shuffle: bool | None = None,
-                  num_epochs: int | None = None) -> DataIterator:
-  """Packed batches of `split`: {'tokens', 'segment_ids', 'positions'}: int32[B, L].
+def make_text_iterator(settings, prepared: PreparedData, split: str, *, shard_index: int, shard_count: int,
+                       seed: int, shuffle: bool, num_epochs: int) -> DataIterator:
+  """Packed batches of a text source's `split` (`dgemma.data.sources.make_iterator` documents the
+  arguments): {'tokens', 'segment_ids', 'positions'} (+ 'loss_mask' for SFT rows): int32[B, L].
 
-  B = data.batch_size // shard_count, L = data.seq_len. This process reads documents
-  shard_index, shard_index + shard_count, ... of the split (disjoint across processes); a split
-  with fewer documents than shards is packed whole by every process, each keeping every
-  shard_count-th row (so all shards have the same number of batches).
-  shuffle: default data.shuffle for 'train', False for other splits; order from `seed`
-    (default config.seed), reshuffled each epoch.
-  num_epochs: default data.num_epochs (0 = repeat forever); a finite stream's last batch is
-    topped up with padding rows.
+  This process reads documents shard_index, shard_index + shard_count, ... of the split (disjoint across
+  processes); a split with fewer documents than shards is packed whole by every process, each keeping
+  every shard_count-th row (so all shards have the same number of batches).
   """
-  validate_data_config(config, shard_index=shard_index, shard_count=shard_count)
-  data = config.data
-  seed = int(config.seed if seed is None else seed)
-  shuffle = bool(data.shuffle and split == "train") if shuffle is None else bool(shuffle)
-  num_epochs = int(data.num_epochs if num_epochs is None else num_epochs)
-  if num_epochs < 0:
-    raise ConfigError(f"data.num_epochs: must be >= 0 (0 = repeat forever), got {num_epochs}")
-  if data.source == "sudoku":
-    from dgemma.data import sudoku
-    return sudoku.make_iterator(config, prepared, split, shard_index=shard_index, shard_count=shard_count,
-                                seed=seed, shuffle=shuffle, num_epochs=num_epochs)
+  data = settings.data
   batch_size = data.batch_size // shard_count
   seq_len = data.seq_len
   tokenizer = prepared.tokenizer
@@ -336,7 +276,7 @@ def make_iterator(config, prepared: PreparedData, split: str, *, shard_index: in
   threads = max(1, min(4, os.cpu_count() or 1))
   read_options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=16)
   if data.format == "sft":
-    canvas_len = int(config.diffusion.canvas_len)
+    canvas_len = settings.diffusion.canvas_len
     if data.sft_overflow == "error":
       sft.check_fits(tokenizer, prepared.texts(split), seq_len=seq_len, canvas_len=canvas_len, split=split)
     rows = dataset.map_with_index(sft.SftRows(
@@ -351,7 +291,7 @@ def make_iterator(config, prepared: PreparedData, split: str, *, shard_index: in
     rows = rows.batch(shard_count, drop_remainder=False)
     rows = rows.map(_PickRow(shard_index, tokenizer.pad_id))
   batches = rows.batch(batch_size, drop_remainder=False)
-  batches = batches.map(_FillBatch(batch_size, tokenizer.pad_id))
+  batches = batches.map(FillBatch(batch_size, tokenizer.pad_id))
   identity = dict(dataset_id=prepared.dataset_id, split=split, shard_index=shard_index,
                   shard_count=shard_count, sharding=sharding, seed=seed, shuffle=shuffle,
                   seq_len=seq_len, batch_size=batch_size)

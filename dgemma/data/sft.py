@@ -22,7 +22,7 @@ One row per example (no packing), [L] = [left padding | clean context | one canv
   canvas k sits at positions len(prompt) + k*C + [0, C), where the sampler denoises it
   (dgemma/sampling/generation.py: a prompt at positions [0, len), canvas after the committed tokens).
   Left padding has segment 0 (never attended, never scored). The noisy canvas is the last C tokens,
-  so the diffusion loss (dgemma/diffusion.py) corrupts only it; the context reaches the model only
+  so the diffusion loss (dgemma/diffusion/loss.py) corrupts only it; the context reaches the model only
   through the clean causal encoder pass.
   `loss_mask` is 1 on response tokens: the canvas (fully scored, end-token fill included) and the clean
   earlier canvases (targets of the encoder's next-token loss); the prompt is never a target.
@@ -43,19 +43,19 @@ import numpy as np
 from dgemma import tokenizers
 from dgemma.data import jsonl
 
-TURN_START, TURN_END = "<|turn>", "<turn|>"
+TURN_START, TURN_END = tokenizers.TURN_START, tokenizers.TURN_END
 MODEL_ROLE = "model"
-_ROLE_ALIASES = {"assistant": MODEL_ROLE}
+ROLE_ALIASES = {"assistant": MODEL_ROLE}
 
 
-def iter_jsonl_examples(path: str | Path, prompt_field: str, response_field: str,
-                        messages_field: str) -> Iterator[str]:
+def iter_jsonl_examples(path: str | Path, prompt_field: str, response_field: str, messages_field: str,
+                        encoding_errors: str = "strict") -> Iterator[str]:
   """Normalised records (JSON text) of one .jsonl file; errors name the file, line and field."""
   path = Path(path)
   if path.suffix != ".jsonl":
     raise ValueError(f"data.files: {path} is not a .jsonl file (data.format='sft' reads .jsonl records)")
   count = 0
-  for where, record in jsonl.records(path):
+  for where, record in jsonl.records(path, encoding_errors):
     if not isinstance(record, dict):
       raise ValueError(f"{where}: expected a JSON object")
     if messages_field in record:
@@ -82,7 +82,7 @@ def _chat_turns(messages, where: str) -> list[list[str]]:
   for i, m in enumerate(messages):
     if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
       raise ValueError(f"{where}: turn {i} is not {{'role': str, 'content': str}}")
-    turns.append([_ROLE_ALIASES.get(m["role"], m["role"]), m["content"]])
+    turns.append([ROLE_ALIASES.get(m["role"], m["role"]), m["content"]])
   if turns[-1][0] != MODEL_ROLE:
     raise ValueError(f"{where}: the last turn (the response) must have role 'model' or 'assistant', "
                      f"got {messages[-1]['role']!r}")
@@ -95,15 +95,11 @@ def record_text(record_json: str) -> str:
   return "\n".join([content for _, content in record["turns"]] + [record["response"]])
 
 
-def chat_turn_ids(tokenizer: tokenizers.Tokenizer) -> tuple[int, int] | None:
-  """(`<|turn>`, `<turn|>`) ids when the tokenizer has those pieces (Gemma), else None."""
-  ids = [tokenizer.piece_id(p) for p in (TURN_START, TURN_END)]
-  return None if None in ids else (ids[0], ids[1])
-
-
-def _render_turns(tokenizer: tokenizers.Tokenizer, turns) -> list[int]:
-  """BOS + every turn + the opening of the model's turn."""
-  special = chat_turn_ids(tokenizer)
+def render_turns(tokenizer: tokenizers.Tokenizer, turns) -> list[int]:
+  """BOS + every turn ([role, content] pairs) + the opening of the model's turn: Gemma 4's
+  `<|turn>role\ncontent<turn|>\n` with the turn-marker pieces when the tokenizer has them, else the same
+  text encoded as plain text."""
+  special = tokenizers.chat_turn_ids(tokenizer)
   ids = [tokenizer.bos_id]
   for role, content in list(turns) + [[MODEL_ROLE, None]]:
     body = f"{role}\n" + ("" if content is None else content)
@@ -118,19 +114,19 @@ def _render_turns(tokenizer: tokenizers.Tokenizer, turns) -> list[int]:
 
 def end_id(tokenizer: tokenizers.Tokenizer) -> int:
   """The token that ends a response: `<turn|>` with a Gemma tokenizer, else EOS."""
-  special = chat_turn_ids(tokenizer)
+  special = tokenizers.chat_turn_ids(tokenizer)
   return tokenizer.eos_id if special is None else special[1]
 
 
 def render(tokenizer: tokenizers.Tokenizer, record_json: str) -> tuple[list[int], list[int]]:
   """(prompt ids, response ids without the end token) of a normalised record."""
   record = json.loads(record_json)
-  return _render_turns(tokenizer, record["turns"]), tokenizer.encode(record["response"])
+  return render_turns(tokenizer, record["turns"]), tokenizer.encode(record["response"])
 
 
 def prompt_ids(tokenizer: tokenizers.Tokenizer, prompt: str) -> list[int]:
   """A sampling prompt rendered as in training: one user turn, then the model's turn opened."""
-  return _render_turns(tokenizer, [["user", prompt]])
+  return render_turns(tokenizer, [["user", prompt]])
 
 
 def num_canvases(response_len: int, canvas_len: int) -> int:

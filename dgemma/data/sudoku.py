@@ -4,7 +4,7 @@ checker, and the training rows of `data.source = 'sudoku'`.
 Grids are 81-character strings (or int arrays), row by row, '0' (0) for a blank. CSV files have the
 header `puzzle,solution` and one puzzle per line (the common Kaggle / "1 million sudoku" format).
 
-  python -m dgemma.data.sudoku --out_dir=data/sudoku --num_train=2000 --num_test=500 \
+  python -m dgemma.tools.sudoku_csv --out_dir=data/sudoku --num_train=2000 --num_test=500 \
       --min_blanks=30 --max_blanks=45 --seed=0       # writes train.csv and test.csv
 
 Solver: bitmask backtracking (one 9-bit candidate mask per row, column and box) that always branches
@@ -22,7 +22,7 @@ context (the prompt) and the last 81 the canvas (diffusion.canvas_len = 81). Wit
 drawn from (seed, position in the stream): the same puzzle is seen in many forms, deterministically.
 With `data.sudoku.infill_givens`, rows also carry `infill_mask` (1 on the canvas cells whose digit the
 puzzle gives): the diffusion loss keeps those cells clean at every noise level and does not score them
-(dgemma/diffusion.py), and eval.sudoku holds them with the sampler's infilling, so the model only ever
+(dgemma/diffusion/loss.py), and eval.sudoku holds them with the sampler's infilling, so the model only ever
 denoises the blanks, reading the givens from the canvas itself as well as from the prompt.
 """
 
@@ -36,9 +36,12 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import grain
 import numpy as np
 
-from dgemma.model.config import ConfigError
+from dgemma import files, tokenizers
+from dgemma.data import pipeline
+from dgemma.errors import ConfigError
 
 NUM_CELLS = 81
 ROW_LEN = 1 + 2 * NUM_CELLS   # BOS + puzzle + solution
@@ -276,16 +279,14 @@ def csv_text(rows: Iterable[tuple[str, str]]) -> str:
 
 
 def write_csv(path: str | os.PathLike, rows: Iterable[tuple[str, str]]) -> None:
-  from dgemma.checkpointing import write_text_atomic
-  Path(path).parent.mkdir(parents=True, exist_ok=True)
-  write_text_atomic(path, csv_text(rows))
+  files.write_text_atomic(path, csv_text(rows))
 
 
 # ---- data.source = 'sudoku' ----------------------------------------------------------------------
 
-def validate_config(config) -> None:
-  """Cheap checks of the sudoku data settings (before anything is built); errors name the field."""
-  data, s = config.data, config.data.sudoku
+def validate(settings) -> None:
+  """The sudoku source's checks (its record in dgemma.data.sources); errors name the field."""
+  data, s = settings.data, settings.data.sudoku
 
   def need(cond: bool, field: str, msg: str):
     if not cond:
@@ -295,26 +296,19 @@ def validate_config(config) -> None:
        f"data.source='sudoku' needs the byte tokenizer (digits are single bytes), got {data.tokenizer.kind!r}")
   need(data.seq_len == ROW_LEN, "data.seq_len",
        f"data.source='sudoku' rows are BOS + 81 puzzle + 81 solution digits = {ROW_LEN} tokens, got {data.seq_len}")
-  need(config.diffusion.canvas_len == NUM_CELLS, "diffusion.canvas_len",
-       f"data.source='sudoku' denoises the 81-digit solution as one canvas, got {config.diffusion.canvas_len}")
-  need(not (infill_givens(config) and config.diffusion.objective == "ar"), "data.sudoku.infill_givens",
+  need(settings.diffusion.canvas_len == NUM_CELLS, "diffusion.canvas_len",
+       f"data.source='sudoku' denoises the 81-digit solution as one canvas, got {settings.diffusion.canvas_len}")
+  need(not (s.infill_givens and settings.objective.autoregressive), "data.sudoku.infill_givens",
        "holds canvas cells of a diffusion run; the autoregressive baseline (diffusion.objective='ar') has no "
        "canvas: set it False")
-  need(0 <= s.min_blanks <= s.max_blanks <= 64, "data.sudoku.min_blanks",
-       f"need 0 <= min_blanks <= max_blanks <= 64, got {s.min_blanks}..{s.max_blanks}")
-  for split, csv_field, num_field in (("train", "train_csv", "num_train"),
-                                      ("validation", "validation_csv", "num_validation")):
-    path = str(s[csv_field])
+  for csv_field, num_field in (("train_csv", "num_train"), ("validation_csv", "num_validation")):
+    path = str(getattr(s, csv_field))
     if path:
       need(os.path.isfile(path), f"data.sudoku.{csv_field}", f"{path!r} does not exist")
     else:
-      need(int(s[num_field]) > 0, f"data.sudoku.{num_field}",
-           f"must be positive when data.sudoku.{csv_field} is empty (puzzles are generated), got {s[num_field]}")
-
-
-def infill_givens(config) -> bool:
-  """data.sudoku.infill_givens (False for runs saved before the setting existed)."""
-  return bool(config.data.sudoku.get("infill_givens", False))
+      need(int(getattr(s, num_field)) > 0, f"data.sudoku.{num_field}",
+           f"must be positive when data.sudoku.{csv_field} is empty (puzzles are generated), got "
+           f"{getattr(s, num_field)}")
 
 
 def givens_mask(puzzle: str) -> np.ndarray:
@@ -322,19 +316,19 @@ def givens_mask(puzzle: str) -> np.ndarray:
   return np.asarray([c != "0" for c in puzzle], bool)
 
 
-def _split_rows(config, split: str) -> tuple[list[tuple[str, str]], str]:
+def _split_rows(settings, split: str) -> tuple[list[tuple[str, str]], str]:
   """The split's (puzzle, solution) rows and a string naming them (for the dataset id)."""
-  s = config.data.sudoku
+  s = settings.data.sudoku
   csv_field, num_field, stream = (("train_csv", "num_train", 0) if split == "train"
                                   else ("validation_csv", "num_validation", 1))
-  path = str(s[csv_field])
+  path = str(getattr(s, csv_field))
   if path:
     rows = read_csv(path)
     stat = os.stat(path)
     return rows, f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}"
-  num, seed = int(s[num_field]), int(config.seed)
+  num, seed = int(getattr(s, num_field)), int(settings.seed)
   key = f"gen:{num}:{s.min_blanks}:{s.max_blanks}:{seed}:{stream}"
-  cache = Path(config.data.cache_dir) / "sudoku" / (
+  cache = Path(settings.data.cache_dir) / "sudoku" / (
       f"{split}_{hashlib.sha256(key.encode()).hexdigest()[:12]}.csv")
   if cache.is_file():
     return read_csv(cache), key
@@ -345,12 +339,9 @@ def _split_rows(config, split: str) -> tuple[list[tuple[str, str]], str]:
   return rows, key
 
 
-def prepare(config):
+def prepare(settings) -> pipeline.PreparedData:
   """PreparedData of the sudoku rows (examples {'puzzle', 'solution'}, byte tokenizer)."""
-  from dgemma import tokenizers
-  from dgemma.data import pipeline
-  validate_config(config)
-  splits = {split: _split_rows(config, split) for split in SPLITS}
+  splits = {split: _split_rows(settings, split) for split in SPLITS}
   names = json.dumps([splits[split][1] for split in SPLITS])
   dataset_id = "sudoku_" + hashlib.sha256(names.encode()).hexdigest()[:12]
   examples = {split: [{"puzzle": p, "solution": q} for p, q in rows] for split, (rows, _) in splits.items()}
@@ -392,11 +383,9 @@ class _MakeRow:
     return row
 
 
-def make_iterator(config, prepared, split: str, *, shard_index: int, shard_count: int, seed: int,
-                  shuffle: bool, num_epochs: int):
-  """Batches of fixed rows (`pipeline.make_iterator` for data.source='sudoku'; same state protocol)."""
-  import grain
-  from dgemma.data import pipeline
+def make_iterator(settings, prepared, split: str, *, shard_index: int, shard_count: int, seed: int,
+                  shuffle: bool, num_epochs: int) -> pipeline.DataIterator:
+  """Batches of fixed rows (data.source='sudoku'; the state protocol of every source's iterator)."""
   source = prepared.data_source(split)
   if len(source) == 0:
     raise ValueError(f"split {split!r} of {prepared.dataset_id} has no puzzles")
@@ -408,45 +397,12 @@ def make_iterator(config, prepared, split: str, *, shard_index: int, shard_count
   if shuffle:
     dataset = dataset.shuffle(seed % 2**32)
   dataset = dataset.repeat(None if num_epochs == 0 else num_epochs)
-  augment = bool(config.data.sudoku.augment) and split == "train"
+  augment = settings.data.sudoku.augment and split == "train"
   rows = dataset.map_with_index(_MakeRow(prepared.tokenizer, augment, seed * max(shard_count, 1) + shard_index,
-                                         infill=infill_givens(config)))
-  batch_size = config.data.batch_size // shard_count
+                                         infill=settings.data.sudoku.infill_givens))
+  batch_size = settings.data.batch_size // shard_count
   batches = rows.to_iter_dataset().batch(batch_size, drop_remainder=False)
-  batches = batches.map(pipeline._FillBatch(batch_size, prepared.tokenizer.pad_id))  # pylint: disable=protected-access
+  batches = batches.map(pipeline.FillBatch(batch_size, prepared.tokenizer.pad_id))
   identity = dict(dataset_id=prepared.dataset_id, split=split, shard_index=shard_index, shard_count=shard_count,
                   sharding=sharding, seed=seed, shuffle=shuffle, seq_len=ROW_LEN, batch_size=batch_size)
   return pipeline.DataIterator(batches, identity)
-
-
-# ---- CLI ------------------------------------------------------------------------------------------
-
-def main(argv=None) -> None:
-  import argparse
-  import time
-  parser = argparse.ArgumentParser(description="Writes Sudoku puzzles with unique solutions as "
-                                   "puzzle,solution CSVs (train.csv, test.csv).")
-  parser.add_argument("--out_dir", required=True)
-  parser.add_argument("--num_train", type=int, default=2000)
-  parser.add_argument("--num_test", type=int, default=500)
-  parser.add_argument("--min_blanks", type=int, default=30)
-  parser.add_argument("--max_blanks", type=int, default=45)
-  parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args(argv)
-  out = Path(args.out_dir)
-  start = time.perf_counter()
-  # Independent streams (seed, 0) for train, (seed, 2) for test (the training pipeline's generated
-  # validation split uses (seed, 1)).
-  state = lambda stream: int(np.random.SeedSequence((args.seed, stream)).generate_state(1)[0])
-  train = generate(args.num_train, args.min_blanks, args.max_blanks, state(0)) if args.num_train else []
-  seen = {solution for _, solution in train}
-  test = [row for row in generate(args.num_test, args.min_blanks, args.max_blanks, state(2)) if row[1] not in seen]
-  if train:
-    write_csv(out / "train.csv", train)
-  write_csv(out / "test.csv", test)
-  print(f"wrote {len(train)} train and {len(test)} test puzzles ({args.min_blanks}-{args.max_blanks} blanks) "
-        f"to {out} in {time.perf_counter() - start:.1f}s")
-
-
-if __name__ == "__main__":
-  main()

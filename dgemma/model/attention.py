@@ -46,6 +46,7 @@ from dgemma.model import layers
 from dgemma.model import lora as lora_lib
 from dgemma.model.sharding import constrain
 
+# Masked logits: finite in fp32 (so in float64 too), and exp(_NEG - max) == 0 in either.
 _NEG = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
@@ -68,11 +69,15 @@ def encoder_masks(cfg: ModelConfig, positions_BT, segment_ids_BT, positions_BS, 
 
 
 def decoder_masks(cfg: ModelConfig, positions_BC, segment_ids_BC, positions_BS, segment_ids_BS, length,
-                  num_canvases: int = 1):
+                  num_canvases: int = 1, per_query_window: bool = False):
   """(sliding, global) masks [B, C, S + C]: keys are the S cache slots followed by the C canvas tokens.
 
   num_canvases K > 1: the C decoder tokens are K canvases of C // K, each reading the cache only up to
   its own start (block-causal; module docstring).
+  Sliding layers read the context keys at positions p with anchor - p < W, anchor = the first canvas
+  position (HF's dynamic sliding cache keeps the last W - 1 context positions for the whole canvas); with
+  `per_query_window` (the official JAX sampler, sample.semantics='official') q - p < W per query instead,
+  so canvas token i reads W - 1 - i of them.
   """
   S, C = positions_BS.shape[1], positions_BC.shape[1]
   if C % num_canvases:
@@ -89,9 +94,11 @@ def decoder_masks(cfg: ModelConfig, positions_BC, segment_ids_BC, positions_BS, 
     same_block_CC = (block_C[:, None] == block_C[None, :])[None]
     same_CC, canvas_BCC = same_CC & same_block_CC, canvas_BCC & same_block_CC
   cache_BCS = _same_segment(segment_ids_BC, segment_ids_BS) & written_CS[None]
-  # First canvas position of each query's segment (in its canvas; the HF sliding cache is cut relative to it).
-  big = jnp.iinfo(jnp.int32).max
-  anchor_BC = jnp.min(jnp.where(same_CC, positions_BC[:, None, :], big), axis=-1)
+  if per_query_window:
+    anchor_BC = positions_BC
+  else:  # first canvas position of each query's segment (in its canvas; the HF sliding cache is cut there)
+    big = jnp.iinfo(jnp.int32).max
+    anchor_BC = jnp.min(jnp.where(same_CC, positions_BC[:, None, :], big), axis=-1)
   window_BCS = (anchor_BC[:, :, None] - positions_BS[:, None, :]) < cfg.sliding_window
   glob = jnp.concatenate([cache_BCS, canvas_BCC], axis=-1)
   slide = jnp.concatenate([cache_BCS & window_BCS, canvas_BCC], axis=-1)
@@ -103,7 +110,8 @@ def attend(q_BTNH, k_BSKH, v_BSKH, mask_BTS, dtype) -> jax.Array:
   B, T, N, H = q_BTNH.shape
   K = k_BSKH.shape[2]
   q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)  # HF repeat_kv: query head n uses kv head n // G
-  logits = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
+  logits = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH,
+                      preferred_element_type=layers.at_least_f32(jnp.result_type(q_BTKGH, k_BSKH)))
   m = mask_BTS[:, None, None, :, :]
   probs = jax.nn.softmax(jnp.where(m, logits, _NEG), axis=-1)
   probs = jnp.where(m, probs, 0.0)  # rows without any allowed key -> zeros, not uniform / NaN
@@ -152,7 +160,8 @@ class Attention(nn.Module):
       values = jnp.concatenate([cache_v.astype(dtype), v_BTKH], axis=1)
       new_kv = None
     else:
-      idx = (0, write_index, 0, 0)
+      zero = write_index.dtype.type(0)  # indices of one integer type (a Python 0 is int64 under x64)
+      idx = (zero, write_index, zero, zero)
       cache_k = jax.lax.dynamic_update_slice(cache_k, k_BTKH.astype(cache_k.dtype), idx)
       cache_v = jax.lax.dynamic_update_slice(cache_v, v_BTKH.astype(cache_v.dtype), idx)
       keys, values, new_kv = cache_k.astype(dtype), cache_v.astype(dtype), (cache_k, cache_v)

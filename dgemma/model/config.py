@@ -11,14 +11,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from dgemma.errors import ConfigError
+
 SLIDING = "sliding"
 GLOBAL = "global"
 LAYER_KINDS = (SLIDING, GLOBAL)
-MOE_IMPLS = ("ragged", "dense", "capacity", "expert_parallel")
-
-
-class ConfigError(ValueError):
-  """A config value is invalid; the message names the field."""
+MOE_IMPLS = ("ragged", "dense", "capacity", "expert_parallel", "tokamax", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,15 +41,18 @@ class ModelConfig:
     self_conditioning: whether the decoder has the self-conditioning module.
     moe_impl: 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts, test reference),
       'capacity' (fixed per-expert slabs + batched matmuls, ragged fallback on overflow; the fast one
-      on GPU, docs/benchmarks.md) or 'expert_parallel' (experts sharded over the mesh axis 'expert',
-      all-to-all token exchange).
+      on GPU, docs/benchmarks.md), 'expert_parallel' (experts sharded over the mesh axis 'expert',
+      all-to-all token exchange), 'tokamax' (the ragged path on tokamax.ragged_dot: Pallas kernels on
+      GPU / TPU, quantized experts fed to its quantized kernels; XLA on CPU) or 'auto' (per platform
+      at trace time, dgemma.model.moe.resolve_impl).
     moe_capacity_factor: moe_impl='capacity': slab rows per expert = this x the mean load T*k/E.
     scan_layers: apply repeated layer-pattern blocks with `nn.scan` over stacked weights.
     remat: rematerialisation policy name for each block ('none', 'full', 'dots').
-    dtype / param_dtype: compute and storage dtypes ('float32', 'bfloat16').
+    dtype / param_dtype: compute and storage dtypes ('float32', 'bfloat16'; 'float64' for numerical
+      tests under `jax.enable_x64(True)`).
     router_aux_loss_weight / router_z_loss_weight: optional MoE losses (0 = off, as released).
     lora: LoRA adapters (a dgemma.model.lora.LoraConfig) or None. Not a key of the `model` group and
-      not in `to_dict()` (model_config.json describes the base weights): `dgemma.config.validate` sets
+      not in `to_dict()` (model_config.json describes the base weights): `dgemma.settings.from_config` sets
       it from `config.finetune`.
   """
 
@@ -123,8 +124,8 @@ class ModelConfig:
     need(self.moe_capacity_factor > 0, "moe_capacity_factor", f"must be > 0, got {self.moe_capacity_factor}")
     need(self.remat in ("none", "full", "dots"), "remat", f"{self.remat!r} not in ('none', 'full', 'dots')")
     for name in ("dtype", "param_dtype"):
-      need(getattr(self, name) in ("float32", "bfloat16", "float16"), name,
-           f"{getattr(self, name)!r} not in ('float32', 'bfloat16', 'float16')")
+      need(getattr(self, name) in ("float32", "bfloat16", "float16", "float64"), name,
+           f"{getattr(self, name)!r} not in ('float32', 'bfloat16', 'float16', 'float64')")
 
   # ---- layer pattern -------------------------------------------------------------------------
   @property

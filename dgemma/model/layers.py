@@ -13,8 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from dgemma import quant
 from dgemma.model import lora as lora_lib
+from dgemma.model import qarray
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model.sharding import constrain
 
@@ -23,12 +23,21 @@ Dtype = Any
 # HF `initializer_range` (normal init of every linear / embedding matrix).
 INIT_STD = 0.02
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# 'float64' is for numerical tests only (run under `jax.enable_x64(True)`: tests/model_utils.py).
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
 
 
 def dtype_of(name: str) -> Dtype:
-  """'float32' | 'bfloat16' | 'float16' -> jnp dtype."""
+  """'float32' | 'bfloat16' | 'float16' | 'float64' -> jnp dtype."""
+  if name == "float64" and not jax.config.x64_enabled:  # JAX would silently truncate to fp32
+    raise ValueError("dtype 'float64' needs 64-bit JAX: run under `with jax.enable_x64(True):`")
   return _DTYPES[name]
+
+
+def at_least_f32(dtype: Dtype) -> Dtype:
+  """The dtype of the model's "fp32" computations (norms, router, softmax, RoPE, logits): float32
+  for bf16 / fp16 / fp32 inputs, float64 for a float64 model (numerical tests)."""
+  return jnp.promote_types(dtype, jnp.float32)
 
 
 def compute_dtype(cfg: ModelConfig) -> Dtype:
@@ -56,7 +65,7 @@ def ones_init(axes: Sequence[str]):
 
 def rms_norm(x: jax.Array, eps: float) -> jax.Array:
   """x * (mean(x^2) + eps)^-0.5 over the last axis, in fp32 (HF `DiffusionGemmaRMSNorm._norm`)."""
-  x32 = x.astype(jnp.float32)
+  x32 = x.astype(at_least_f32(x.dtype))
   return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
 
 
@@ -72,7 +81,7 @@ class RMSNorm(nn.Module):
     y = rms_norm(x, self.eps)
     if self.with_scale:
       scale = self.param("scale", ones_init(("norm",)), (x.shape[-1],), self.param_dtype)
-      y = y * scale.astype(jnp.float32)
+      y = y * scale.astype(y.dtype)
     return y.astype(x.dtype)
 
 
@@ -81,7 +90,7 @@ class Einsum(nn.Module):
 
   With `lora`, the kernel also gets LoRA factors lora_a / lora_b (dgemma/model/lora.py), which are
   always created but added only when `lora_active` (head_only: decoder mode only).
-  The kernel may be a `quant.QArray` (weight-only int8 / int4, dgemma/quant.py): it is dequantized
+  The kernel may be a `qarray.QArray` (weight-only int8 / int4, dgemma/model/qarray.py): it is dequantized
   here, inside the (scanned) layer that uses it.
   """
 
@@ -97,7 +106,7 @@ class Einsum(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     w = self.param("kernel", matrix_init(self.axes), self.shape, self.param_dtype)
     x = x.astype(self.dtype)
-    y = jnp.einsum(self.eqn, x, quant.dequantize(w, self.dtype))
+    y = jnp.einsum(self.eqn, x, qarray.dequantize(w, self.dtype))
     if self.lora is not None:
       x_sub, w_sub = self.eqn.split("->")[0].split(",")
       n_in = sum(c in x_sub for c in w_sub)  # kernel dims contracted with x come first
@@ -137,7 +146,7 @@ class GeGLU(nn.Module):
 
 # ---- RoPE ---------------------------------------------------------------------------------------
 def rope_inv_freq(cfg: ModelConfig, kind: str) -> jax.Array:
-  """Inverse frequencies [head_dim // 2] (fp32) of a layer kind.
+  """Inverse frequencies [head_dim // 2] (fp32; float64 for a float64 model) of a layer kind.
 
   Sliding layers: HF 'default' RoPE on all dims, inv_freq[i] = base^(-2i / H).
   Global layers: HF 'proportional' RoPE (`modeling_rope_utils._compute_proportional_rope_parameters`):
@@ -145,18 +154,19 @@ def rope_inv_freq(cfg: ModelConfig, kind: str) -> jax.Array:
   the FULL head dim) and 0 for the remaining H/2 - rope_angles entries, so those dims get cos=1, sin=0.
   With rotate-half this rotates dims [0, rope_angles) paired with [H/2, H/2 + rope_angles).
   """
+  f32 = at_least_f32(compute_dtype(cfg))
   if kind == GLOBAL:
     H, base, frac = cfg.global_head_dim, cfg.global_rope_base, cfg.global_rope_fraction
     angles = int(frac * H // 2)
-    rotated = 1.0 / (base ** (jnp.arange(0, 2 * angles, 2, dtype=jnp.float32) / H))
-    return jnp.concatenate([rotated, jnp.zeros((H // 2 - angles,), jnp.float32)])
+    rotated = 1.0 / (base ** (jnp.arange(0, 2 * angles, 2, dtype=f32) / H))
+    return jnp.concatenate([rotated, jnp.zeros((H // 2 - angles,), f32)])
   H, base = cfg.head_dim, cfg.rope_base
-  return 1.0 / (base ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+  return 1.0 / (base ** (jnp.arange(0, H, 2, dtype=f32) / H))
 
 
 def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) -> jax.Array:
   """x * cos + rotate_half(x) * sin; cos/sin computed in fp32 then cast to x's dtype (HF)."""
-  freqs_BTh = positions_BT[..., None].astype(jnp.float32) * inv_freq
+  freqs_BTh = positions_BT[..., None].astype(inv_freq.dtype) * inv_freq
   emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)
   cos = jnp.cos(emb_BTH).astype(x_BTNH.dtype)[:, :, None, :]
   sin = jnp.sin(emb_BTH).astype(x_BTNH.dtype)[:, :, None, :]

@@ -7,7 +7,7 @@ The adapters live in the params tree next to the kernel they adapt:
 rule names it, so the rank axis is replicated). A is initialised like the kernels, B to zero, so an
 adapted model starts exactly at its base model. s = alpha / rank.
 
-`LoraConfig` is carried by `ModelConfig.lora` (set from `config.finetune` by `dgemma.config.validate`);
+`LoraConfig` is carried by `ModelConfig.lora` (set from `config.finetune` by `dgemma.settings.from_config`);
 None means no adapters anywhere. With `decoder_only` (finetune.mode='head_only') the adapters act
 only in decoder mode: the encoder, and so the KV cache, stay exactly the base model's.
 `merge` folds adapters into their kernels: W' = W + s A @ B.
@@ -111,21 +111,22 @@ def einsum_delta(eqn: str, x, factors: LowRank, dtype):
 
 
 def delta_weight(a: np.ndarray, b: np.ndarray, w_shape: tuple[int, ...], scale: float) -> np.ndarray:
-  """s A @ B reshaped like W, in fp32. Leading axes shared by A, B and W (the scanned 'layers' axis,
-  the experts axis) are batch axes: A = [batch..., in..., r], B = [batch..., r, out...]."""
+  """s A @ B reshaped like W, in fp32 (float64 for float64 factors). Leading axes shared by A, B and W
+  (the scanned 'layers' axis, the experts axis) are batch axes: A = [batch..., in..., r], B = [batch..., r, out...]."""
   nb = a.ndim + b.ndim - 2 - len(w_shape)
   batch, r = tuple(w_shape[:nb]), a.shape[-1]
   if nb < 0 or tuple(a.shape[:nb]) != batch or tuple(b.shape[:nb]) != batch or b.shape[nb] != r:
     raise ValueError(f"LoRA factors {a.shape} and {b.shape} do not fit a weight of shape {w_shape}")
   n_in = math.prod(a.shape[nb:-1])
-  prod = np.matmul(np.asarray(a, np.float32).reshape(batch + (n_in, r)),
-                   np.asarray(b, np.float32).reshape(batch + (r, -1)))
+  acc = np.result_type(np.float32, np.asarray(a).dtype, np.asarray(b).dtype)  # fp32, or float64
+  prod = np.matmul(np.asarray(a, acc).reshape(batch + (n_in, r)), np.asarray(b, acc).reshape(batch + (r, -1)))
   return scale * prod.reshape(w_shape)
 
 
 def merge(params: dict, adapters: dict, scale: float) -> dict:
   """Folds every adapter pair of `adapters` (a nested dict shaped like `params`, holding only factors)
-  into the matching weight of `params`: W + s A @ B, computed in fp32 and cast to W's dtype."""
+  into the matching weight of `params`: W + s A @ B, computed in fp32 (float64 for float64 weights) and
+  cast to W's dtype."""
   out = dict(params)
   factor_names = [k for k in adapters if not isinstance(adapters[k], dict)]
   for key, sub in adapters.items():
@@ -145,5 +146,6 @@ def merge(params: dict, adapters: dict, scale: float) -> dict:
     if b_key not in adapters or w_key not in params:
       raise KeyError(f"adapter {key!r}: missing {b_key!r} or base weight {w_key!r}")
     w = np.asarray(params[w_key])
-    out[w_key] = (w.astype(np.float32) + delta_weight(adapters[key], adapters[b_key], w.shape, scale)).astype(w.dtype)
+    acc = np.result_type(np.float32, w.dtype)
+    out[w_key] = (w.astype(acc) + delta_weight(adapters[key], adapters[b_key], w.shape, scale)).astype(w.dtype)
   return out

@@ -10,7 +10,11 @@ Interchangeable expert implementations (`cfg.moe_impl`), all dropless:
             when an expert receives more than C pairs, `lax.cond` runs the 'ragged' path instead.
   'expert_parallel': experts sharded over the mesh axis 'expert', tokens exchanged with
             `jax.lax.all_to_all` inside `jax.shard_map` (`experts_expert_parallel`); 'ragged' when
-            no mesh is installed (`jax.set_mesh`, see dgemma.trainer.mesh_context).
+            no mesh is installed (`jax.set_mesh`, see dgemma.mesh.mesh_context).
+  'tokamax': the 'ragged' sorting with `tokamax.ragged_dot` (Pallas kernels on GPU / TPU, XLA on CPU;
+            `experts_tokamax`, dgemma/model/moe_kernels.py); quantized expert weights go to its
+            quantized kernels as they are, never dequantized here.
+  'auto':   one of the above per platform (`resolve_impl`).
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from dgemma import quant
 from dgemma.model.config import ModelConfig
-from dgemma.model import layers, sharding
+from dgemma.model import layers, moe_kernels, sharding
 from dgemma.model import lora as lora_lib
+from dgemma.model import qarray
 
 
 class Router(nn.Module):
@@ -46,14 +50,16 @@ class Router(nn.Module):
     pdtype = layers.param_dtype(cfg)
     scale = self.param("scale", layers.ones_init(("norm",)), (D,), pdtype)
     per_expert_scale = self.param("per_expert_scale", layers.ones_init(("expert",)), (E,), pdtype)
-    h_TD = layers.rms_norm(x_TD, cfg.rms_eps) * scale.astype(jnp.float32) * (D ** -0.5)
-    logits_TE = layers.Einsum((D, E), "td,de->te", ("embed", "expert"), dtype=jnp.float32,
+    f32 = layers.at_least_f32(layers.compute_dtype(cfg))
+    h_TD = layers.rms_norm(x_TD, cfg.rms_eps)
+    h_TD = h_TD * scale.astype(h_TD.dtype) * (D ** -0.5)
+    logits_TE = layers.Einsum((D, E), "td,de->te", ("embed", "expert"), dtype=f32,
                               param_dtype=pdtype, lora=lora_lib.for_target(cfg.lora, "router"),
                               lora_active=self.lora_active, name="proj")(h_TD)
     probs_TE = jax.nn.softmax(logits_TE, axis=-1)
     top_Tk, index_Tk = jax.lax.top_k(probs_TE, cfg.experts_per_token)
     weights_Tk = top_Tk / jnp.sum(top_Tk, axis=-1, keepdims=True)
-    weights_Tk = weights_Tk * per_expert_scale.astype(jnp.float32)[index_Tk]
+    weights_Tk = weights_Tk * per_expert_scale.astype(weights_Tk.dtype)[index_Tk]
     return logits_TE, probs_TE, weights_Tk, index_Tk
 
 
@@ -80,33 +86,80 @@ def experts_dense(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype,
   y_TED = jnp.einsum("tef,efd->ted", h_TEF, down_EFD.astype(dtype))
   if "down_proj" in adapters:
     y_TED = y_TED + low_rank("down_proj", "tef,efr->ter", "ter,erd->ted", h_TEF)
-  comb_TE = jnp.sum(jax.nn.one_hot(index_Tk, E, dtype=jnp.float32) * weights_Tk[..., None], axis=1)
-  return jnp.einsum("te,ted->td", comb_TE, y_TED.astype(jnp.float32)).astype(dtype)
+  f32 = layers.at_least_f32(dtype)
+  comb_TE = jnp.sum(jax.nn.one_hot(index_Tk, E, dtype=f32) * weights_Tk[..., None], axis=1)
+  return jnp.einsum("te,ted->td", comb_TE, y_TED.astype(f32)).astype(dtype)
+
+
+def sort_by_expert(index_Tk, num_experts: int):
+  """The routing plan of the sorted paths: (expert_M, order_M, group_sizes_E) for the M = T * k (token,
+  slot) pairs in row-major order: their expert ids, the stable permutation that sorts them by expert,
+  and the number of pairs of each expert (int32)."""
+  expert_M = index_Tk.reshape(-1)
+  order_M = jnp.argsort(expert_M, stable=True)
+  group_sizes_E = jnp.bincount(expert_M, length=num_experts).astype(jnp.int32)
+  return expert_M, order_M, group_sizes_E
+
+
+def combine_sorted(y_MD, order_M, weights_Tk, dtype):
+  """Expert outputs of the sorted pairs back to (token, slot) order (gather by the inverse permutation),
+  weighted by the routing weights and summed over the k slots in (at least) fp32."""
+  T, k = weights_Tk.shape
+  y_TkD = y_MD[jnp.argsort(order_M)].reshape(T, k, y_MD.shape[-1])
+  return jnp.sum(y_TkD.astype(layers.at_least_f32(dtype)) * weights_Tk[..., None], axis=1).astype(dtype)
+
+
+def grouped_geglu(xs_MD, gate_EDF, up_EDF, down_EFD, group_sizes_E, dtype, adapters=None,
+                  dot=jax.lax.ragged_dot, fuse_gate_up: bool = False):
+  """GeGLU of rows sorted by expert: `dot(h_MX, w_EXY, group_sizes_E)` for each projection (plus the
+  adapters as dots of their factors). Weights are cast to `dtype` unless they are `qarray.QArray`s,
+  which go to `dot` as they are. `fuse_gate_up`: one dot with gate and up concatenated [E, D, 2F]."""
+  adapters = adapters or {}
+  cast = lambda w: w if qarray.is_quantized(w) else w.astype(dtype)
+
+  def lora(name, h_MX, y_MY):
+    if name not in adapters:
+      return y_MY
+    lr = adapters[name]
+    h_Mr = dot(h_MX, lr.a.astype(dtype), group_sizes_E)
+    return y_MY + dot(h_Mr, lr.b.astype(dtype), group_sizes_E) * jnp.asarray(lr.scale, dtype)
+
+  if fuse_gate_up:
+    F = gate_EDF.shape[-1]
+    gu_MF = dot(xs_MD, moe_kernels.concatenate([cast(gate_EDF), cast(up_EDF)], -1), group_sizes_E)
+    g_MF, u_MF = gu_MF[:, :F], gu_MF[:, F:]
+  else:
+    g_MF = dot(xs_MD, cast(gate_EDF), group_sizes_E)
+    u_MF = dot(xs_MD, cast(up_EDF), group_sizes_E)
+  h_MF = layers.gelu(lora("gate_proj", xs_MD, g_MF)) * lora("up_proj", xs_MD, u_MF)
+  return lora("down_proj", h_MF, dot(h_MF, cast(down_EFD), group_sizes_E))
 
 
 def experts_ragged(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype, adapters=None):
   """Dropless sorted grouped matmuls (`jax.lax.ragged_dot`); adapters as ragged_dots of the factors."""
-  T, D = x_TD.shape
-  E, k = gate_EDF.shape[0], index_Tk.shape[1]
-  adapters = adapters or {}
-  expert_M = index_Tk.reshape(-1)  # M = T * k (token, slot) pairs, row-major
-  order_M = jnp.argsort(expert_M, stable=True)
-  group_sizes_E = jnp.bincount(expert_M, length=E).astype(jnp.int32)
-
-  def proj(name, h_MX, w_EXY):
-    y = jax.lax.ragged_dot(h_MX, w_EXY.astype(dtype), group_sizes_E)
-    if name in adapters:
-      lr = adapters[name]
-      h_Mr = jax.lax.ragged_dot(h_MX, lr.a.astype(dtype), group_sizes_E)
-      y = y + jax.lax.ragged_dot(h_Mr, lr.b.astype(dtype), group_sizes_E) * jnp.asarray(lr.scale, dtype)
-    return y
-
+  k = index_Tk.shape[1]
+  _, order_M, group_sizes_E = sort_by_expert(index_Tk, gate_EDF.shape[0])
   xs_MD = x_TD.astype(dtype)[order_M // k]
-  g_MF = proj("gate_proj", xs_MD, gate_EDF)
-  u_MF = proj("up_proj", xs_MD, up_EDF)
-  y_MD = proj("down_proj", layers.gelu(g_MF) * u_MF, down_EFD)
-  y_TkD = y_MD[jnp.argsort(order_M)].reshape(T, k, D)  # unsort (gather by the inverse permutation)
-  return jnp.sum(y_TkD.astype(jnp.float32) * weights_Tk[..., None], axis=1).astype(dtype)
+  y_MD = grouped_geglu(xs_MD, gate_EDF, up_EDF, down_EFD, group_sizes_E, dtype, adapters)
+  return combine_sorted(y_MD, order_M, weights_Tk, dtype)
+
+
+def experts_tokamax(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype, adapters=None,
+                    width_multiple: int | None = None, implementation=None):
+  """The 'ragged' path on `tokamax.ragged_dot` (`moe_kernels.ragged_dot`). Weights may be `qarray.QArray`s:
+  they reach tokamax as `qwix.QArray`s (its quantized kernels dequantize tiles in-kernel; its XLA
+  implementation, the one on CPU, dequantizes the weight it is given). The expert width F is zero-padded
+  to a multiple of `width_multiple` (default `moe_kernels.width_multiple()`: none on CPU, 256 on GPU /
+  TPU, for the kernels' block shapes) and, when padded, gate and up run as one fused dot [E, D, 2Fp]."""
+  k = index_Tk.shape[1]
+  multiple = moe_kernels.width_multiple() if width_multiple is None else width_multiple
+  gate_EDF, up_EDF, down_EFD, adapters = moe_kernels.pad_experts(gate_EDF, up_EDF, down_EFD, adapters, multiple)
+  _, order_M, group_sizes_E = sort_by_expert(index_Tk, gate_EDF.shape[0])
+  xs_MD = x_TD.astype(dtype)[order_M // k]
+  dot = lambda h, w, gs: moe_kernels.ragged_dot(h, w, gs, implementation)
+  y_MD = grouped_geglu(xs_MD, gate_EDF, up_EDF, down_EFD, group_sizes_E, dtype, adapters, dot=dot,
+                       fuse_gate_up=multiple > 1)
+  return combine_sorted(y_MD, order_M, weights_Tk, dtype)
 
 
 def _dispatch_local(x_MD, dest_M, local_expert_M, num_dest: int):
@@ -132,9 +185,7 @@ def _local_experts(recv_RD, expert_R, gate_LDF, up_LDF, down_LFD, dtype):
   order_R = jnp.argsort(key_R, stable=True)
   group_sizes_L = jnp.bincount(key_R, length=L + 1)[:L].astype(jnp.int32)
   xs_RD = recv_RD.astype(dtype)[order_R]
-  g_RF = jax.lax.ragged_dot(xs_RD, gate_LDF.astype(dtype), group_sizes_L)
-  u_RF = jax.lax.ragged_dot(xs_RD, up_LDF.astype(dtype), group_sizes_L)
-  y_RD = jax.lax.ragged_dot(layers.gelu(g_RF) * u_RF, down_LFD.astype(dtype), group_sizes_L)
+  y_RD = grouped_geglu(xs_RD, gate_LDF, up_LDF, down_LFD, group_sizes_L, dtype)
   y_RD = y_RD[jnp.argsort(order_R)]
   return jnp.where((expert_R >= 0)[:, None], y_RD, 0)
 
@@ -181,15 +232,18 @@ def experts_expert_parallel(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_
                                                       expert_M // L, expert_M % L, n)
     # One all_to_all for rows and their expert ids (bit-cast into an extra column): collectives stay
     # in a single dependency chain (dispatch -> experts -> return), none independent of another.
+    # (A float64 model, numerical tests only, bit-casts the ids through int64.)
+    f32 = layers.at_least_f32(dtype)
+    int_t = jnp.int32 if f32 == jnp.float32 else jnp.int64
     packed_NMd = jnp.concatenate(
-        [send_NMD.astype(jnp.float32), jax.lax.bitcast_convert_type(send_expert_NM, jnp.float32)[..., None]], -1)
+        [send_NMD.astype(f32), jax.lax.bitcast_convert_type(send_expert_NM.astype(int_t), f32)[..., None]], -1)
     recv_NMd = jax.lax.all_to_all(packed_NMd, "expert", 0, 0)
     recv_NMD = recv_NMd[..., :D].astype(dtype)
-    recv_expert_NM = jax.lax.bitcast_convert_type(recv_NMd[..., D], jnp.int32)
+    recv_expert_NM = jax.lax.bitcast_convert_type(recv_NMd[..., D], int_t).astype(jnp.int32)
     y_RD = _local_experts(recv_NMD.reshape(-1, D), recv_expert_NM.reshape(-1), gate_LDF, up_LDF, down_LFD, dtype)
     back_NMD = jax.lax.all_to_all(y_RD.reshape(n, -1, D), "expert", 0, 0)
     y_tkD = back_NMD[expert_M // L, pos_M].reshape(t, k, D)
-    out_tD = jnp.sum(y_tkD.astype(jnp.float32) * w_tk[..., None], axis=1)
+    out_tD = jnp.sum(y_tkD.astype(f32) * w_tk[..., None], axis=1)
     if tp is not None:
       out_tD = jax.lax.psum(out_tD, tp)  # partial sums over the F slices
     return out_tD.astype(dtype)
@@ -220,11 +274,9 @@ def experts_capacity(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dty
   E, k = gate_EDF.shape[0], index_Tk.shape[1]
   C = expert_capacity(T, k, E, capacity_factor)
   adapters = adapters or {}
-  expert_M = index_Tk.reshape(-1)  # M = T * k (token, slot) pairs, row-major
-  group_sizes_E = jnp.bincount(expert_M, length=E).astype(jnp.int32)
+  expert_M, order_M, group_sizes_E = sort_by_expert(index_Tk, E)  # M = T * k (token, slot) pairs
 
   def slabs(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk):
-    order_M = jnp.argsort(expert_M, stable=True)
     start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
     rank_sorted_M = jnp.arange(T * k, dtype=jnp.int32) - start_E[expert_M[order_M]]
     rank_M = jnp.zeros_like(rank_sorted_M).at[order_M].set(rank_sorted_M)
@@ -245,7 +297,7 @@ def experts_capacity(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dty
     u_ECF = proj("up_proj", x_ECD, up_EDF)
     y_SD = proj("down_proj", layers.gelu(g_ECF) * u_ECF, down_EFD).reshape(E * C, D)
     y_TkD = jnp.take(y_SD, slot_M, axis=0, mode="fill", fill_value=0).reshape(T, k, D)
-    return jnp.sum(y_TkD.astype(jnp.float32) * weights_Tk[..., None], axis=1).astype(dtype)
+    return jnp.sum(y_TkD.astype(layers.at_least_f32(dtype)) * weights_Tk[..., None], axis=1).astype(dtype)
 
   if C >= T or not fallback:  # C >= T: no expert can receive more than T pairs
     return slabs(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk)
@@ -253,9 +305,28 @@ def experts_capacity(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dty
   return jax.lax.cond(jnp.max(group_sizes_E) > C, ragged, slabs, x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk)
 
 
+_AUTO_IMPL = {"cpu": "capacity", "gpu": "tokamax", "tpu": "tokamax"}
+
+
+def resolve_impl(impl: str, backend: str | None = None) -> str:
+  """`cfg.moe_impl` with 'auto' replaced by the implementation for `backend` (default: JAX's default
+  backend, read at trace time): CPU -> 'capacity', GPU / TPU -> 'tokamax' (Pallas kernels), any other
+  backend -> 'ragged'. CPU: `bench/moe.py --sizes=small` (2 shared cores, the `small` preset's MoE
+  layer: d 256, 8 experts top-2, expert hidden 256, 2048 tokens, fp32; median ms of 3 / 5 interleaved
+  rounds, two runs), forward | forward+backward:
+    capacity (factor 2)  53 / 52 | 325 / 208      ragged   177 / 175 | 633 / 619
+    tokamax (XLA)       265 / 178 | 630 / 629      dense    155 / 154 | 588 / 618
+    capacity (factor 4, the default; C = T here) 102 | 307, ragged 177 | 623, tokamax 178 | 615.
+  ('tokamax' on CPU is XLA's ragged_dot, i.e. 'ragged'). GPU / TPU: not measured yet (issue #17)."""
+  if impl != "auto":
+    return impl
+  return _AUTO_IMPL.get(backend or jax.default_backend(), "ragged")
+
+
 class Experts(nn.Module):
   """E GeGLU experts; weights are plain arrays gate_proj/up_proj [E, D, Fe], down_proj [E, Fe, D]
-  (or `quant.QArray`s, dequantized here to the compute dtype).
+  (or `qarray.QArray`s, dequantized here to the compute dtype; with moe_impl='tokamax' they go to
+  tokamax's quantized kernels as they are).
   LoRA (target 'experts'): a per-expert factor pair next to each (gate_proj_lora_a, ...)."""
 
   cfg: ModelConfig
@@ -279,17 +350,20 @@ class Experts(nn.Module):
                                                 batch_shape=(E,), batch_axes=axes[:1])
     adapters = adapters if self.lora_active else {}
     dtype = layers.compute_dtype(cfg)
-    gate, up, down = (quant.dequantize(w, dtype) for w in (gate, up, down))
-    if cfg.moe_impl == "expert_parallel":
+    impl = resolve_impl(cfg.moe_impl)
+    if impl == "tokamax":
+      return experts_tokamax(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, adapters or None)
+    gate, up, down = (qarray.dequantize(w, dtype) for w in (gate, up, down))
+    if impl == "expert_parallel":
       if adapters:  # fold W_e + s A_e B_e per expert (a full-size copy of the expert weights)
         fold = lambda w, lr: w + (jnp.einsum("eir,ero->eio", lr.a, lr.b) * lr.scale).astype(w.dtype)
         gate, up, down = (fold(w, adapters[n]) if n in adapters else w
                           for w, n in ((gate, "gate_proj"), (up, "up_proj"), (down, "down_proj")))
       return experts_expert_parallel(x_TD, gate, up, down, weights_Tk, index_Tk, dtype)
-    if cfg.moe_impl == "capacity":
+    if impl == "capacity":
       return experts_capacity(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, cfg.moe_capacity_factor,
                               adapters or None)
-    fn = experts_ragged if cfg.moe_impl == "ragged" else experts_dense
+    fn = experts_ragged if impl == "ragged" else experts_dense
     return fn(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, adapters or None)
 
 
@@ -300,9 +374,9 @@ def router_losses(logits_TE, probs_TE, index_Tk, valid_T):
   router probability of e; z = mean_t logsumexp(logits_t)^2.
   """
   E, k = probs_TE.shape[-1], index_Tk.shape[-1]
-  w_T = valid_T.astype(jnp.float32)
+  w_T = valid_T.astype(probs_TE.dtype)
   n = jnp.maximum(jnp.sum(w_T), 1.0)
-  counts_TE = jnp.sum(jax.nn.one_hot(index_Tk, E, dtype=jnp.float32), axis=1)
+  counts_TE = jnp.sum(jax.nn.one_hot(index_Tk, E, dtype=probs_TE.dtype), axis=1)
   f_E = jnp.sum(counts_TE * w_T[:, None], axis=0) / (n * k)
   p_E = jnp.sum(probs_TE * w_T[:, None], axis=0) / n
   balance = E * jnp.sum(f_E * p_E)

@@ -1,8 +1,8 @@
-"""Logical-axis sharding helpers shared by the model and the trainer.
+"""Logical-axis sharding helpers shared by the model, training and loading.
 
 Parameters carry logical axis names (`layers.matrix_init`); activations are constrained with
 `constrain(x, ('batch', 'act_length', 'act_embed'))`. Logical names become mesh axes through the
-rules in `config.mesh.axis_rules` (installed by `trainer.mesh_context` with `nn.logical_axis_rules`)
+rules in `config.mesh.axis_rules` (installed by `dgemma.mesh.mesh_context` with `nn.logical_axis_rules`)
 and the mesh installed with `jax.set_mesh`. Outside such a context (plain `jax.jit` on one device,
 the tests of single modules) every helper here is a no-op, so the same model code runs everywhere.
 """
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "expert", "tensor")  # every mesh dgemma builds has these axes (dgemma.mesh)
 
 
 def fit_spec_to_shape(spec: P, shape: tuple[int, ...], mesh) -> P:
@@ -97,6 +99,18 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
 
 def unbox(tree):
   """`nn.unbox` without sharding constraints (flax applies its own, unfitted, ones when a mesh is
-  installed): parameters are placed by explicit shardings (`trainer.abstract_train_state`) instead."""
+  installed): parameters are placed by explicit shardings (`place`) instead."""
   is_box = lambda x: isinstance(x, nn.Partitioned)
   return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, tree, is_leaf=is_box)
+
+
+def place(boxed_tree, mesh, axis_rules) -> tuple[Any, Any]:
+  """(abstract tree of jax.ShapeDtypeStruct with shardings, the NamedShardings) of a boxed (nn.Partitioned)
+  abstract tree: each leaf placed on `mesh` by its logical axis names under `axis_rules`, dimensions a mesh
+  axis does not divide replicated (`fit_spec_to_shape`)."""
+  mesh_specs = nn.logical_to_mesh(nn.get_partition_spec(boxed_tree), tuple(axis_rules))
+  unboxed = unbox(boxed_tree)
+  shardings = jax.tree.map(lambda x, spec: NamedSharding(mesh, fit_spec_to_shape(spec, x.shape, mesh)),
+                           unboxed, mesh_specs, is_leaf=lambda x: isinstance(x, P))
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), unboxed, shardings)
+  return abstract, shardings

@@ -63,13 +63,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dgemma import quant
 from dgemma.model.attention import Attention, decoder_masks, encoder_masks
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model import layers
 from dgemma.model import lora as lora_lib
+from dgemma.model import qarray
 from dgemma.model.moe import MoE
-from dgemma.model.sharding import constrain, unbox
+from dgemma.model.sharding import constrain, place, unbox
 
 # Logical axes of the residual stream and the logits (mesh.axis_rules; no-ops without a mesh context).
 RESIDUAL_AXES = ("batch", "act_length", "act_embed")
@@ -97,8 +97,10 @@ class KVCache:
     return self.positions_BS.shape[1]
 
 
-def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=jnp.float32) -> KVCache:
-  """An empty cache: all slots invalid (segment 0), length 0."""
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
+  """An empty cache: all slots invalid (segment 0), length 0. Default dtype: fp32 (float64 for a
+  float64 model)."""
+  dtype = layers.at_least_f32(layers.compute_dtype(cfg)) if dtype is None else dtype
   ks, vs = [], []
   for i in range(cfg.block_period):
     K, H = layers.attn_dims(cfg, cfg.layer_types[i])
@@ -190,7 +192,7 @@ _REMAT_POLICIES = {
 
 class Embedder(nn.Module):
   """Tied token table [V, D]: inputs scaled by sqrt(D) cast to the table dtype (HF
-  `DiffusionGemmaTextScaledWordEmbedding`); logits = x @ table^T. The table may be a `quant.QArray`
+  `DiffusionGemmaTextScaledWordEmbedding`); logits = x @ table^T. The table may be a `qarray.QArray`
   (rows dequantized on lookup, the whole table for the logits)."""
 
   cfg: ModelConfig
@@ -204,17 +206,17 @@ class Embedder(nn.Module):
     return jnp.asarray(math.sqrt(self.cfg.d_model), self.embedding.dtype)
 
   def encode(self, tokens_BT):
-    return (quant.take_rows(self.embedding, tokens_BT) * self._scale()).astype(layers.compute_dtype(self.cfg))
+    return (qarray.take_rows(self.embedding, tokens_BT) * self._scale()).astype(layers.compute_dtype(self.cfg))
 
   def soft_encode(self, probs_BTV):
     """probs @ table * sqrt(D) (HF decoder self-conditioning soft embeddings)."""
     dtype = layers.compute_dtype(self.cfg)
-    soft = jnp.einsum("btv,vd->btd", probs_BTV.astype(dtype), quant.dequantize(self.embedding, dtype))
+    soft = jnp.einsum("btv,vd->btd", probs_BTV.astype(dtype), qarray.dequantize(self.embedding, dtype))
     return soft * self._scale().astype(dtype)
 
   def attend(self, x_BTD):
     dtype = layers.compute_dtype(self.cfg)
-    return jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), quant.dequantize(self.embedding, dtype))
+    return jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), qarray.dequantize(self.embedding, dtype))
 
 
 class SelfConditioning(nn.Module):
@@ -264,7 +266,8 @@ class Transformer(nn.Module):
 
   # ---- helpers --------------------------------------------------------------------------------
   def _logits(self, x_BTD):
-    logits = constrain(self.embedder.attend(self.final_norm(x_BTD)).astype(jnp.float32), LOGITS_AXES)
+    logits = self.embedder.attend(self.final_norm(x_BTD))
+    logits = constrain(logits.astype(layers.at_least_f32(logits.dtype)), LOGITS_AXES)
     c = self.cfg.final_logit_softcap
     return c * jnp.tanh(logits / c) if c else logits
 
@@ -287,8 +290,9 @@ class Transformer(nn.Module):
     positions_BT = positions_BT.astype(jnp.int32)
     segment_ids_BT = segment_ids_BT.astype(jnp.int32)
     start = cache.length
-    pos_BS = jax.lax.dynamic_update_slice(cache.positions_BS, positions_BT, (0, start))
-    seg_BS = jax.lax.dynamic_update_slice(cache.segment_ids_BS, segment_ids_BT, (0, start))
+    zero = start.dtype.type(0)  # indices of one integer type (a Python 0 is int64 under x64)
+    pos_BS = jax.lax.dynamic_update_slice(cache.positions_BS, positions_BT, (zero, start))
+    seg_BS = jax.lax.dynamic_update_slice(cache.segment_ids_BS, segment_ids_BT, (zero, start))
     slide, glob = encoder_masks(cfg, positions_BT, segment_ids_BT, pos_BS, seg_BS, start)
     ctx = _Ctx(positions_BT, slide, glob, start, segment_ids_BT != 0, decode=False)
     x_BTD = constrain(self.embedder.encode(tokens_BT), RESIDUAL_AXES)
@@ -300,30 +304,42 @@ class Transformer(nn.Module):
                         length=start + tokens_BT.shape[1])
     return (self._logits(x_BTD) if return_logits else None), new_cache
 
+  def self_conditioning_embedding(self, logits_BCV):
+    """The self-conditioning signal of `logits_BCV`: softmax(logits) @ table * sqrt(D) (the softmax in at
+    least fp32, its probabilities in the logits' dtype, as the official JAX sampler forms it)."""
+    probs_BCV = jax.nn.softmax(logits_BCV.astype(layers.at_least_f32(logits_BCV.dtype)), axis=-1)
+    return self.embedder.soft_encode(probs_BCV.astype(logits_BCV.dtype))
+
   def decode(self, canvas_BC, positions_BC, segment_ids_BC, cache: KVCache, sc_logits_BCV=None,
-             sc_mask_B=None, num_canvases: int = 1):
+             sc_mask_B=None, num_canvases: int = 1, sc_embeddings_BCD=None, per_query_window: bool = False):
     """Bidirectional pass over the canvas reading (never writing) `cache`. Returns logits_BCV (fp32).
 
-    sc_logits_BCV: previous step's logits for self-conditioning (None = zero signal);
+    sc_logits_BCV: previous step's logits for self-conditioning (None = zero signal); or
+    sc_embeddings_BCD: the signal already embedded (`self_conditioning_embedding`, e.g. kept in bf16 by the
+      official sampler), cast to the compute dtype;
     sc_mask_B: optional bool, per example [B] or per token [B, C]; False zeroes that signal.
     num_canvases: K > 1 decodes K canvases of C // K tokens at once, block-causally (training only;
       canvas k ends where the cache's clean canvas k + 1 begins: attention.py docstring).
+    per_query_window: the official sampler's sliding window for the context (attention.decoder_masks).
     """
     cfg = self.cfg
     positions_BC = positions_BC.astype(jnp.int32)
     segment_ids_BC = segment_ids_BC.astype(jnp.int32)
     x_BCD = self.embedder.encode(canvas_BC)
     if cfg.self_conditioning:
-      if sc_logits_BCV is None:
+      if sc_embeddings_BCD is not None:
+        soft_BCD = sc_embeddings_BCD.astype(layers.compute_dtype(cfg))
+      elif sc_logits_BCV is None:
         soft_BCD = jnp.zeros_like(x_BCD)
       else:
-        soft_BCD = self.embedder.soft_encode(jax.nn.softmax(sc_logits_BCV.astype(jnp.float32), axis=-1))
-        if sc_mask_B is not None:
-          mask = sc_mask_B.astype(soft_BCD.dtype)
-          soft_BCD = soft_BCD * (mask[:, None, None] if mask.ndim == 1 else mask[:, :, None])
+        f32 = layers.at_least_f32(layers.compute_dtype(cfg))
+        soft_BCD = self.embedder.soft_encode(jax.nn.softmax(sc_logits_BCV.astype(f32), axis=-1))
+      if sc_mask_B is not None:
+        mask = sc_mask_B.astype(soft_BCD.dtype)
+        soft_BCD = soft_BCD * (mask[:, None, None] if mask.ndim == 1 else mask[:, :, None])
       x_BCD = self.self_conditioning(x_BCD, soft_BCD)  # post norm applies even to a zero signal
     slide, glob = decoder_masks(cfg, positions_BC, segment_ids_BC, cache.positions_BS,
-                                cache.segment_ids_BS, cache.length, num_canvases)
+                                cache.segment_ids_BS, cache.length, num_canvases, per_query_window)
     ctx = _Ctx(positions_BC, slide, glob, cache.length, segment_ids_BC != 0, decode=True)
     x_BCD = constrain(self.perturb("decoder_inputs", x_BCD), RESIDUAL_AXES)
     x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)
@@ -342,12 +358,24 @@ class Transformer(nn.Module):
 
 
 # ---- parameter accounting (no allocation) -----------------------------------------------------
-def param_shapes(cfg: ModelConfig) -> Any:
-  """The unboxed parameter tree as jax.ShapeDtypeStruct leaves (`jax.eval_shape`, nothing allocated)."""
+def boxed_param_shapes(cfg: ModelConfig) -> Any:
+  """The parameter tree with its logical axis boxes (nn.Partitioned) and jax.ShapeDtypeStruct leaves
+  (`jax.eval_shape`, nothing allocated)."""
   model = Transformer(cfg)
   tok = jnp.zeros((1, 1), jnp.int32)
-  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), tok, tok, tok, tok, tok, tok))
-  return unbox(variables["params"])
+  with nn.logical_axis_rules(()):  # no activation constraints while tracing init
+    return jax.eval_shape(lambda: model.init(jax.random.key(0), tok, tok, tok, tok, tok, tok))["params"]
+
+
+def param_shapes(cfg: ModelConfig) -> Any:
+  """The unboxed parameter tree as jax.ShapeDtypeStruct leaves (`jax.eval_shape`, nothing allocated)."""
+  return unbox(boxed_param_shapes(cfg))
+
+
+def abstract_params(cfg: ModelConfig, mesh, axis_rules) -> Any:
+  """The parameter tree as jax.ShapeDtypeStruct leaves placed on `mesh` by their logical axis names and
+  `axis_rules` (what a checkpoint is restored onto)."""
+  return place(boxed_param_shapes(cfg), mesh, axis_rules)[0]
 
 
 def count_params(cfg: ModelConfig) -> dict[str, int]:

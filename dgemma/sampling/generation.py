@@ -29,10 +29,11 @@ import numpy as np
 from flax import struct
 
 from dgemma.model import init_cache, sharding
-from dgemma.model.config import ConfigError
+from dgemma.errors import ConfigError
 from dgemma.sampling import live
 from dgemma.sampling.noise import as_noise
-from dgemma.sampling.sampler import SamplerConfig, Trajectory, canvas_result, denoise_canvas, initial_canvas
+from dgemma.sampling.config import SamplerConfig
+from dgemma.sampling.sampler import Trajectory, canvas_result, denoise_canvas, initial_canvas
 
 
 @struct.dataclass
@@ -148,6 +149,10 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
   M = K * C
   use_sc = bool(getattr(mcfg, "self_conditioning", True))
   apply = functools.partial(model.apply, {"params": params})
+  official = cfg.semantics == "official"
+  # Official semantics carry the self-conditioning signal as its soft embedding, kept in bf16.
+  sc_signal_fn = (lambda proc_BCV: apply(proc_BCV, method="self_conditioning_embedding").astype(jnp.bfloat16)
+                  ) if official and use_sc else None
   lengths_B = lengths_B.astype(jnp.int32)
 
   # 1. prompt -> cache (slots [0, P)); right padding is segment 0
@@ -172,17 +177,18 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
     # 2. canvas positions follow the row's valid tokens
     pos_BC = (lengths_B + st.committed_B)[:, None] + iota_C[None, :]
 
-    def decode_fn(canvas_BC, sc_logits_BCV, sc_mask_B):
-      if not use_sc:
-        sc_logits_BCV = sc_mask_B = None
-      return apply(canvas_BC, pos_BC, ones_BC, st.cache, sc_logits_BCV=sc_logits_BCV, sc_mask_B=sc_mask_B,
-                   method="decode")
+    def decode_fn(canvas_BC, sc_BCX, sc_mask_B):
+      signal = {}
+      if use_sc:  # the logits (HF) or their soft embedding (official), as the sampler carries it
+        signal = dict(sc_embeddings_BCD=sc_BCX) if official else dict(sc_logits_BCV=sc_BCX)
+        signal["sc_mask_B"] = sc_mask_B
+      return apply(canvas_BC, pos_BC, ones_BC, st.cache, per_query_window=official, method="decode", **signal)
 
     fixed_BC = jax.lax.dynamic_slice_in_dim(fixed_BM, k * C, C, axis=1)
     fixed_mask_BC = jax.lax.dynamic_slice_in_dim(fixed_mask_BM, k * C, C, axis=1)
     den = denoise_canvas(decode_fn, cfg, noise, initial_canvas(cfg, noise, k, C, vocab), vocab, canvas_idx=k,
                          done_B=st.ended_B, fixed_BC=fixed_BC, fixed_mask_BC=fixed_mask_BC, record=record,
-                         sc_dtype=jnp.dtype(mcfg.param_dtype), callback_id=callback_id)
+                         sc_dtype=jnp.dtype(mcfg.param_dtype), sc_signal_fn=sc_signal_fn, callback_id=callback_id)
 
     # 3. cut after the first end token; ended rows contribute nothing
     cut_BC, valid_BC, has_end_B = cut_after_end(canvas_result(den, cfg), cfg.end_ids, cfg.pad_id)

@@ -16,7 +16,7 @@ Inference (one device; the sampler at `--batch` rows, `--canvas` = diffusion.can
                the weights and cache it reads.
 Training (per device of `--mesh`, default config.mesh.shape; a -1 axis takes what the others leave of
 `--devices`): params, gradients and optimizer state sharded like the trainer shards them (logical axes
-+ mesh.axis_rules, `trainer.abstract_train_state` on an abstract mesh), and the working set of
++ mesh.axis_rules, `dgemma.train.state.abstract_train_state` on an abstract mesh), and the working set of
 value_and_grad(diffusion_loss) at the per-device batch (batch / (data x fsdp)) under model.remat, less
 its parameter inputs and gradient outputs. Activations are not divided over tensor / expert axes.
 
@@ -31,15 +31,21 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from configs import base
 from dgemma import quant
+from dgemma import settings as settings_lib
+from dgemma.diffusion import diffusion_loss
+from dgemma.errors import ConfigError
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
+from dgemma.model.sharding import MESH_AXES
+from dgemma.sampling import SamplerConfig, as_noise, denoise_canvas
 from dgemma.tools import params as params_tool
+from dgemma.train import optimizer as optimizer_lib
+from dgemma.train import state as state_lib
 
 _CONFIG = None  # flags, defined only when run as a program
 _FLAGS = {}
@@ -98,17 +104,11 @@ def activation_peak(jaxpr) -> int:
   return peak
 
 
-def tree_bytes(tree) -> int:
-  return quant.tree_bytes(tree)
-
-
 # ---- inference ------------------------------------------------------------------------------------
 
 def canvas_step_program(cfg: ModelConfig, qcfg: quant.QuantConfig, context: int, canvas: int, batch: int = 1):
   """(fn, abstract args) of one denoising step (decoder pass + sampler) against a `context`-slot cache;
   args = (weights, cache, key)."""
-  from dgemma.sampling import SamplerConfig, as_noise, denoise_canvas
-
   weights = params_tool.quantized_shapes(cfg, qcfg, cfg.param_dtype) if qcfg.scheme != "none" else param_shapes(cfg)
   cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, jnp.dtype(cfg.dtype)))
   model = Transformer(cfg)
@@ -136,22 +136,19 @@ def inference_estimate(cfg: ModelConfig, qcfg: quant.QuantConfig, context: int, 
   """{'weights', 'kv_cache', 'canvas_step'} bytes on one device (see the module docstring)."""
   fn, (weights, cache, key) = canvas_step_program(cfg, qcfg, context, canvas, batch)
   jaxpr = jax.make_jaxpr(fn)(weights, cache, key)
-  w, c = tree_bytes(weights), tree_bytes(cache)
+  w, c = quant.tree_bytes(weights), quant.tree_bytes(cache)
   return {"weights": w, "kv_cache": c, "canvas_step": activation_peak(jaxpr) - w - c}
 
 
 # ---- training -------------------------------------------------------------------------------------
 
 def _abstract_mesh(sizes: dict[str, int]):
-  from dgemma import trainer
-  return jax.sharding.AbstractMesh(tuple(int(sizes[a]) for a in trainer.MESH_AXES), trainer.MESH_AXES)
+  return jax.sharding.AbstractMesh(tuple(int(sizes[a]) for a in MESH_AXES), MESH_AXES)
 
 
 def mesh_sizes(mesh_shape, devices: int) -> dict[str, int]:
   """Axis sizes with a -1 axis resolved against `devices`."""
-  from dgemma import trainer
-  from dgemma.model.config import ConfigError
-  sizes = {a: int(mesh_shape.get(a, 1)) for a in trainer.MESH_AXES}
+  sizes = {a: int(mesh_shape.get(a, 1)) for a in MESH_AXES}
   known = math.prod(s for s in sizes.values() if s != -1)
   for a, s in sizes.items():
     if s == -1:
@@ -164,19 +161,16 @@ def mesh_sizes(mesh_shape, devices: int) -> dict[str, int]:
 def train_grad_program(config, sizes: dict[str, int]):
   """(fn, abstract args, abstract sharded train state) of value_and_grad(diffusion_loss) at the
   per-device batch; args = (params, batch, rng)."""
-  from dgemma import config as config_lib, diffusion, trainer
-
-  model_cfg = config_lib.validate(config)
+  settings = settings_lib.from_config(config)
   mesh = _abstract_mesh(sizes)
-  optimizer = trainer.make_optimizer(config.opt, int(config.train.num_steps))
-  _, abstract, _ = trainer.abstract_train_state(model_cfg, config, mesh, optimizer)
-  b = max(int(config.data.batch_size) // (sizes["data"] * sizes["fsdp"]), 1)
-  L = int(config.data.seq_len)
+  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
+  _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer)
+  b = max(settings.data.batch_size // (sizes["data"] * sizes["fsdp"]), 1)
+  L = settings.data.seq_len
   batch = {k: jax.ShapeDtypeStruct((b, L), jnp.int32) for k in ("tokens", "segment_ids", "positions")}
-  loss_cfg = diffusion.DiffusionLossConfig.from_config(config)
   params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract.params)
-  grad_fn = jax.value_and_grad(functools.partial(diffusion.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg),
-                               has_aux=True)
+  grad_fn = jax.value_and_grad(functools.partial(diffusion_loss, model_cfg=settings.model,
+                                                 loss_cfg=settings.diffusion), has_aux=True)
   return grad_fn, (params, batch, jax.eval_shape(lambda: jax.random.PRNGKey(0))), abstract
 
 
@@ -186,8 +180,8 @@ def training_estimate(config, sizes: dict[str, int]) -> dict[str, int]:
   per_dev = lambda tree: sum(_aval_bytes(jax.ShapeDtypeStruct(x.sharding.shard_shape(x.shape), x.dtype))
                              for x in jax.tree.leaves(tree))
   jaxpr = jax.make_jaxpr(fn)(params, batch, rng)
-  full = tree_bytes(params)
-  working = activation_peak(jaxpr) - 2 * full - tree_bytes(batch)  # less params in and grads out
+  full = quant.tree_bytes(params)
+  working = activation_peak(jaxpr) - 2 * full - quant.tree_bytes(batch)  # less params in and grads out
   return {"params": per_dev(abstract.params), "grads": per_dev(abstract.params),
           "opt_state": per_dev(abstract.opt_state), "activations": max(working, 0),
           "batch_per_device": batch["tokens"].shape[0]}
@@ -197,7 +191,6 @@ def training_estimate(config, sizes: dict[str, int]) -> dict[str, int]:
 
 def _experiment_config(config):
   """An experiment config: `config` itself, or configs/base.py with `config` as its model group."""
-  from configs import base
   if "model" in config:
     return config
   full = base.get_config()
@@ -238,12 +231,8 @@ def report(config, *, quantize: str, group_size: int, context: int, canvas: int,
 
 
 def main(argv):
-  from absl import app
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if _CONFIG.value is None:
-    raise app.UsageError("--config is required")
-  config = _experiment_config(_CONFIG.value)
+  cli.no_extra_args(argv)
+  config = _experiment_config(cli.config(_CONFIG))
   mesh_shape = dict(config.mesh.shape)
   for item in _FLAGS["mesh"].value:
     axis, _, size = item.partition("=")
@@ -260,9 +249,11 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from absl import app, flags
+  from absl import flags
   from ml_collections import config_flags
+  from dgemma.tools import cli  # defined with the flags, as in dgemma.tools.params
   _CONFIG = config_flags.DEFINE_config_file("config", None, "A model preset or an experiment config.")
+  flags.mark_flags_as_required(["config"])
   _FLAGS.update(
       quantize=flags.DEFINE_enum("quantize", "none", list(quant.SCHEMES), "Inference weights."),
       group_size=flags.DEFINE_integer("group_size", quant.QuantConfig.group_size, "int4 group size."),
@@ -276,4 +267,4 @@ if __name__ == "__main__":
       train_batch=flags.DEFINE_integer("train_batch", 0, "Training global batch (0 = data.batch_size)."),
       seq_len=flags.DEFINE_integer("seq_len", 0, "Training row length (0 = data.seq_len)."),
   )
-  app.run(main)
+  cli.run(main, "dgemma.tools.memory")

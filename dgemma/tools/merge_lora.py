@@ -6,7 +6,7 @@
 `--base` defaults to the checkpoint the adapter was trained from (adapter_config.json 'base', i.e. the
 run's train.init_from). The result is a plain dgemma params checkpoint (no adapters; the base's
 model_config.json and extra JSON files such as hf_config.json are kept): train from it
-(train.init_from), export it (python -m dgemma.convert --from_ckpt), or compare it with the unmerged run.
+(train.init_from), export it (python -m dgemma.tools.convert --from_ckpt), or compare it with the unmerged run.
 
 Only finetune.mode='lora' adapters can be merged. A head_only adapter acts only in decoder mode, while
 the encoder shares the same weights: folding it in would change the encoder (and its KV cache), so the
@@ -19,20 +19,23 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from dgemma import checkpoint_io, finetune, trainer
-from dgemma.model import lora
+from dgemma import settings as settings_lib
+from dgemma.checkpoints import adapter as adapter_ckpt
+from dgemma.checkpoints import params as params_ckpt
+from dgemma.model import ModelConfig, lora
+from dgemma.tools import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("base", None, "Base dgemma params checkpoint (default: the adapter's recorded base).")
 flags.DEFINE_string("adapter", None, "Adapter checkpoint written by training (WORKDIR/adapter).")
 flags.DEFINE_string("out", None, "Merged params checkpoint directory to write.")
-# dgemma.convert defines the same flag (same meaning): both allow the other's definition.
+# dgemma.tools.convert defines the same flag (same meaning): both allow the other's definition.
 flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.", allow_override=True)
 
 
 def merge_checkpoints(adapter_dir: str, out_dir: str, base_dir: str | None = None, *, overwrite: bool = False) -> dict:
   """Writes the merged checkpoint; returns the adapter_config. Errors name the flag at fault."""
-  adapter, adapter_model, meta = finetune.load_adapter(adapter_dir)
+  adapter, adapter_model, meta = adapter_ckpt.load_adapter(adapter_dir)
   if meta["mode"] != "lora":
     raise ValueError(f"--adapter: {adapter_dir} is a {meta['mode']!r} adapter; only 'lora' adapters can be merged "
                      "(head_only adapters act only in decoder mode, and the encoder shares the weights: merging "
@@ -42,22 +45,24 @@ def merge_checkpoints(adapter_dir: str, out_dir: str, base_dir: str | None = Non
     raise ValueError(f"--base: {adapter_dir} records no base checkpoint (the run had no train.init_from); pass --base")
   if Path(out_dir).exists() and not overwrite:
     raise FileExistsError(f"--out: {out_dir} already exists (pass --overwrite to replace it)")
-  base, base_model = checkpoint_io.load_params(base_dir)
-  for field, value in adapter_model.items():
-    if field not in trainer._RUNTIME_FIELDS and base_model.get(field) != value:
-      raise ValueError(f"--base: model.{field} of {base_dir} is {base_model.get(field)!r}, but the adapter was "
-                       f"trained on {value!r}")
+  base, base_model = params_ckpt.load_params(base_dir)
+  diffs = settings_lib.model_differences(ModelConfig.from_config_dict(adapter_model),
+                                         ModelConfig.from_config_dict(base_model))
+  if diffs:
+    raise ValueError(f"--base: {base_dir} is not the architecture the adapter was trained on (adapter -> base): "
+                     f"{'; '.join(diffs)}")
   scale = float(meta["lora"]["alpha"]) / int(meta["lora"]["rank"])
   merged = lora.merge(base, adapter, scale)
-  extra = {p.name: checkpoint_io.read_extra_json(base_dir, p.name) for p in Path(base_dir).glob("*.json")
-           if p.name != checkpoint_io.MODEL_CONFIG}
-  checkpoint_io.save_params(out_dir, merged, base_model, extra_json=extra, overwrite=overwrite)
+  extra = {p.name: params_ckpt.read_extra_json(base_dir, p.name) for p in Path(base_dir).glob("*.json")
+           if p.name != params_ckpt.MODEL_CONFIG}
+  tokenizer = params_ckpt.tokenizer_file(base_dir)
+  params_ckpt.save_params(out_dir, merged, base_model, extra_json=extra, overwrite=overwrite,
+                          extra_files={tokenizer.name: tokenizer} if tokenizer is not None else None)
   return meta
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.no_extra_args(argv)
   if not FLAGS.adapter or not FLAGS.out:
     raise app.UsageError("--adapter and --out are required")
   meta = merge_checkpoints(FLAGS.adapter, FLAGS.out, FLAGS.base, overwrite=FLAGS.overwrite)
@@ -66,4 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, "dgemma.tools.merge_lora", user_errors=(ValueError,))

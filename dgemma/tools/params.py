@@ -33,7 +33,7 @@ import flax
 import jax
 
 from dgemma import quant
-from dgemma.model import ConfigError, ModelConfig, count_params, layers, param_shapes
+from dgemma.model import ModelConfig, count_params, layers, param_shapes
 
 COMPONENTS = ("embedding", "attention", "dense_mlp", "experts", "router", "norms", "self_conditioning")
 
@@ -159,22 +159,17 @@ def report(cfg: ModelConfig, name: str = "") -> str:
 
 
 def main(argv):
-  from absl import app
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if _CONFIG.value is None:
-    raise app.UsageError("--config is required")
-  group = model_group(_CONFIG.value)
-  try:
-    cfg = ModelConfig.from_config_dict(group)
-  except ConfigError as e:
-    raise app.UsageError(str(e)) from None
-  print(report(cfg, group.get("preset", "")))
+  cli.no_extra_args(argv)  # `cli` and `_CONFIG` are defined when run as a program (below)
+  group = model_group(cli.config(_CONFIG))
+  print(report(ModelConfig.from_config_dict(group), group.get("preset", "")))
 
 
 if __name__ == "__main__":
-  from absl import app
+  # absl and ml_collections only for the program (module docstring)
+  from absl import flags
   from ml_collections import config_flags
+  from dgemma.tools import cli
   _CONFIG = config_flags.DEFINE_config_file(
       "config", None, "A model preset (configs/models/*.py) or an experiment config (with a .model group).")
-  app.run(main)
+  flags.mark_flags_as_required(["config"])
+  cli.run(main, "dgemma.tools.params")

@@ -22,15 +22,17 @@ def compute() -> dict:
   import importlib
 
   from configs import tiny_test
-  from dgemma import config as config_lib
-  from dgemma import trainer
+  from dgemma import mesh as mesh_lib
+  from dgemma import settings as settings_lib
+  from dgemma.train import state as state_lib
   out = {}
   for preset in PRESETS:
     config = tiny_test.get_config()
     config.model.num_experts = 8  # so that the expert axis of gpu8_expert divides the experts
     config.mesh = importlib.import_module(f"configs.mesh.{preset}").get_config()
-    model_cfg = config_lib.validate(config)
-    out[preset] = trainer.param_partition_specs(model_cfg, config, trainer.make_mesh(config.mesh))
+    settings = settings_lib.from_config(config)
+    out[preset] = state_lib.param_partition_specs(settings.model, mesh_lib.make_mesh(settings.mesh.shape),
+                                                  settings.mesh.axis_rules)
   return out
 
 
@@ -38,6 +40,6 @@ if __name__ == "__main__":
   os.environ["JAX_PLATFORMS"] = "cpu"
   os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
   sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-  from dgemma.checkpointing import write_text_atomic
+  from dgemma.files import write_text_atomic
   write_text_atomic(GOLDEN, json.dumps(compute(), indent=1, sort_keys=True) + "\n")
   print(f"wrote {GOLDEN}")

@@ -30,6 +30,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from dgemma.checkpoints import params as params_ckpt
+from dgemma.errors import CheckpointError
 from dgemma.model.config import GLOBAL, SLIDING, ModelConfig
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,7 @@ _DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloa
            "float16": np.dtype(np.float16)}
 
 
-class HFCheckpointError(ValueError):
+class HFCheckpointError(CheckpointError):
   """A Hugging Face checkpoint or config cannot be converted; the message names the culprit."""
 
 
@@ -505,6 +507,14 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 # Import
 # ---------------------------------------------------------------------------------------------
 
+def _safe_open(path: Path):
+  """safetensors' safe_open, with errors (a truncated or damaged file) that name the file."""
+  try:
+    return safe_open(str(path), framework="np")
+  except Exception as e:  # SafetensorError names no path
+    raise HFCheckpointError(f"{path}: not a readable safetensors file ({e}); it may be truncated or damaged") from e
+
+
 class _Reader:
   """Lazily opened safetensors files of one checkpoint (single file or sharded with index)."""
 
@@ -516,7 +526,7 @@ class _Reader:
       weight_map = json.loads(index.read_text())["weight_map"]
       self.where = dict(weight_map)
     elif single.exists():
-      with safe_open(str(single), framework="np") as f:
+      with _safe_open(single) as f:
         self.where = {k: SINGLE_FILE for k in f.keys()}
     else:
       raise HFCheckpointError(f"{ckpt_dir}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
@@ -529,14 +539,18 @@ class _Reader:
       if not path.exists():
         raise HFCheckpointError(f"{self.dir / INDEX_FILE}: shard {fname!r} (holding {name!r}) "
                                 "does not exist")
-      self._open[fname] = safe_open(str(path), framework="np")
+      self._open[fname] = _safe_open(path)
     return self._open[fname]
 
   def shape(self, name: str) -> tuple[int, ...]:
     return tuple(self._file(name).get_slice(name).get_shape())
 
   def get(self, name: str) -> np.ndarray:
-    return self._file(name).get_tensor(name)
+    try:
+      return self._file(name).get_tensor(name)
+    except Exception as e:  # safetensors' SafetensorError names neither the file nor the tensor
+      raise HFCheckpointError(f"{self.dir / self.where[name]}: cannot read tensor {name!r} ({e}); the file may be "
+                              "truncated or damaged") from e
 
   def close(self):
     for f in self._open.values():
@@ -675,7 +689,7 @@ def export_hf_checkpoint(cfg: ModelConfig, params: Mapping[str, Any], out_dir: s
   out_dir = Path(out_dir)
   if out_dir.exists() and any(out_dir.iterdir()):
     if not overwrite:
-      raise HFCheckpointError(f"{out_dir}: exists and is not empty (pass overwrite=True)")
+      raise HFCheckpointError(f"{out_dir}: exists and is not empty (use --overwrite to replace it)")
     for p in out_dir.iterdir():
       if p.name == CONFIG_FILE or p.name.endswith(".safetensors") or p.name == INDEX_FILE:
         p.unlink()
@@ -757,3 +771,39 @@ def _write_json(path: Path, obj: Any) -> None:
   tmp = path.with_name(f".{path.name}.tmp")
   tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
   os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# HF directory <-> dgemma params checkpoint (python -m dgemma.tools.convert)
+# ---------------------------------------------------------------------------------------------
+
+HF_CONFIG = "hf_config.json"  # the source config.json, kept in the params checkpoint for the export
+
+
+def is_hf_dir(path: str | os.PathLike) -> bool:
+  p = Path(path)
+  return (p / CONFIG_FILE).is_file() and ((p / SINGLE_FILE).is_file() or (p / INDEX_FILE).is_file())
+
+
+def import_hf(hf_dir: str | os.PathLike, ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
+              model_type: str | None = None, overwrite: bool = False) -> ModelConfig:
+  """An HF checkpoint directory -> a dgemma params checkpoint (with the source config.json as
+  hf_config.json and the tokenizer files, so the checkpoint is complete on its own)."""
+  cfg, params = load_hf_checkpoint(hf_dir, dtype=dtype, model_type=model_type)
+  tokenizer = params_ckpt.tokenizer_file(hf_dir)
+  params_ckpt.save_params(ckpt_dir, params, cfg.to_dict(), extra_json={HF_CONFIG: read_config(hf_dir)},
+                          extra_files={tokenizer.name: tokenizer} if tokenizer is not None else None,
+                          overwrite=overwrite)
+  return cfg
+
+
+def export_hf(ckpt_dir: str | os.PathLike, hf_dir: str | os.PathLike, *, hf_base: str | None = None,
+              max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False) -> ModelConfig:
+  """A dgemma params checkpoint -> an HF DiffusionGemma checkpoint directory (vision tensors and config
+  copied from `hf_base` when given)."""
+  params, cfg_dict = params_ckpt.load_params(ckpt_dir)
+  cfg = ModelConfig.from_config_dict(cfg_dict)
+  base = read_config(hf_base) if hf_base else params_ckpt.read_extra_json(ckpt_dir, HF_CONFIG)
+  export_hf_checkpoint(cfg, params, hf_dir, max_shard_bytes=max_shard_bytes, base_config=base,
+                       multimodal_from=hf_base, overwrite=overwrite)
+  return cfg

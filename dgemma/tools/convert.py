@@ -1,12 +1,13 @@
 """Convert between Hugging Face checkpoints and dgemma params checkpoints.
 
-  python -m dgemma.convert --from_hf HF_DIR --to CKPT_DIR [--dtype bfloat16]
-  python -m dgemma.convert --from_ckpt CKPT_DIR --to_hf HF_DIR [--hf_base HF_DIR] [--max_shard_size 5GB]
+  python -m dgemma.tools.convert --from_hf HF_DIR --to CKPT_DIR [--dtype bfloat16]
+  python -m dgemma.tools.convert --from_ckpt CKPT_DIR --to_hf HF_DIR [--hf_base HF_DIR] [--max_shard_size 5GB]
 
-Import reads DiffusionGemmaForBlockDiffusion or Gemma 4 text checkpoints (see dgemma/hf.py) and keeps
-the source config.json as `hf_config.json` in CKPT_DIR, so the export restores token ids, the vision
-config and canvas length. `--hf_base` names an HF checkpoint whose vision tensors (and config) the
-export copies, giving a complete multimodal DiffusionGemma checkpoint.
+Import reads DiffusionGemmaForBlockDiffusion or Gemma 4 text checkpoints (dgemma/checkpoints/hf.py), keeps
+the source config.json as `hf_config.json` and copies the tokenizer (tokenizer.model, else tokenizer.json)
+into CKPT_DIR, so the checkpoint is complete on its own (`dgemma.load(CKPT_DIR)`, `sample.py --checkpoint`).
+The export restores token ids, the vision config and canvas length; `--hf_base` names an HF checkpoint whose
+vision tensors (and config) it copies, giving a complete multimodal DiffusionGemma checkpoint.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ import re
 
 from absl import app, flags, logging
 
-from dgemma import checkpoint_io, hf
-from dgemma.model.config import ModelConfig
-
-HF_CONFIG = "hf_config.json"
+from dgemma.checkpoints import hf
+from dgemma.tools import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("from_hf", None, "HF checkpoint directory to import.")
@@ -45,37 +44,19 @@ def parse_size(text: str) -> int:
   return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
-def import_hf(hf_dir: str, ckpt_dir: str, *, dtype: str = "float32", model_type: str | None = None,
-              overwrite: bool = False) -> ModelConfig:
-  cfg, params = hf.load_hf_checkpoint(hf_dir, dtype=dtype, model_type=model_type)
-  checkpoint_io.save_params(ckpt_dir, params, cfg.to_dict(),
-                            extra_json={HF_CONFIG: hf.read_config(hf_dir)}, overwrite=overwrite)
-  return cfg
-
-
-def export_hf(ckpt_dir: str, hf_dir: str, *, hf_base: str | None = None,
-              max_shard_bytes: int = hf.DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False) -> ModelConfig:
-  params, cfg_dict = checkpoint_io.load_params(ckpt_dir)
-  cfg = ModelConfig.from_config_dict(cfg_dict)
-  base = hf.read_config(hf_base) if hf_base else checkpoint_io.read_extra_json(ckpt_dir, HF_CONFIG)
-  hf.export_hf_checkpoint(cfg, params, hf_dir, max_shard_bytes=max_shard_bytes, base_config=base,
-                          multimodal_from=hf_base, overwrite=overwrite)
-  return cfg
-
-
 def main(argv):
-  del argv
+  cli.no_extra_args(argv)
   if FLAGS.from_hf and FLAGS.to and not (FLAGS.from_ckpt or FLAGS.to_hf):
-    cfg = import_hf(FLAGS.from_hf, FLAGS.to, dtype=FLAGS.dtype, model_type=FLAGS.model_type,
-                    overwrite=FLAGS.overwrite)
+    cfg = hf.import_hf(FLAGS.from_hf, FLAGS.to, dtype=FLAGS.dtype, model_type=FLAGS.model_type,
+                       overwrite=FLAGS.overwrite)
     logging.info("wrote %s (%d layers, d_model %d)", FLAGS.to, cfg.num_layers, cfg.d_model)
   elif FLAGS.from_ckpt and FLAGS.to_hf and not (FLAGS.from_hf or FLAGS.to):
-    export_hf(FLAGS.from_ckpt, FLAGS.to_hf, hf_base=FLAGS.hf_base,
-              max_shard_bytes=parse_size(FLAGS.max_shard_size), overwrite=FLAGS.overwrite)
+    hf.export_hf(FLAGS.from_ckpt, FLAGS.to_hf, hf_base=FLAGS.hf_base, max_shard_bytes=parse_size(FLAGS.max_shard_size),
+                 overwrite=FLAGS.overwrite)
     logging.info("wrote %s", FLAGS.to_hf)
   else:
     raise app.UsageError("use either --from_hf DIR --to CKPT_DIR or --from_ckpt CKPT_DIR --to_hf DIR")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, "dgemma.tools.convert", user_errors=(ValueError,))

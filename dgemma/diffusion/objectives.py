@@ -23,31 +23,26 @@ Objectives (`per_token_loss(name, ...)`):
   mdlm               masked-diffusion NELBO: -alpha'/(1 - alpha) CE (mask logit removed) on masked
                      positions, 0 elsewhere (Sahoo et al. 2024; SUBS parameterisation).
   ar                 (handled by the caller: next-token CE of the causal encoder, no canvas.)
+
+Each objective is a record of `OBJECTIVES` (its corruption, per-token loss, x0 logits, whether it is
+leave-one-out, which samplers fit it); callers query the record instead of comparing names, so adding an
+objective touches only this file (and its test).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-UNIFORM_OBJECTIVES = ("base_ce", "reweighted_ce", "loo_ce", "reweighted_loo_ce", "nelbo")
-OBJECTIVES = UNIFORM_OBJECTIVES + ("mdlm", "ar")
-SCHEDULES = ("linear", "cosine")
+from dgemma.errors import ConfigError
 
 
-# ---- noise schedules -----------------------------------------------------------------------------
 
-def schedule(name: str, t: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(alpha(t), alpha'(t)). 'linear': alpha = 1 - t (released); 'cosine': alpha = cos(pi t / 2)."""
-  t = jnp.asarray(t, jnp.float32)
-  if name == "linear":
-    return 1.0 - t, -jnp.ones_like(t)
-  if name == "cosine":
-    return jnp.cos(0.5 * math.pi * t), -0.5 * math.pi * jnp.sin(0.5 * math.pi * t)
-  raise ValueError(f"diffusion.schedule: {name!r} not in {SCHEDULES}")
-
+# ---- time weight -------------------------------------------------------------------------------
 
 def time_weight(alpha: jax.Array, dalpha: jax.Array, cap: float) -> jax.Array:
   """w(t) = min(-alpha'/alpha, cap): the NELBO's time factor (1 / (1 - t) for alpha = 1 - t)."""
@@ -158,29 +153,98 @@ def mdlm_nelbo_per_token(logits_NV: jax.Array, x0_N: jax.Array, zt_N: jax.Array,
   return jnp.where(zt_N == mask_id, weight_N * ce_N, 0.0)
 
 
-# ---- dispatch ------------------------------------------------------------------------------------
+# ---- the registry --------------------------------------------------------------------------------
+
+def _base_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+  return cross_entropy(logits_NV, x0_N)
+
+
+def _reweighted_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+  return time_weight(alpha_N, dalpha_N, reweight_cap) * cross_entropy(logits_NV, x0_N)
+
+
+def _loo_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+  return loo_cross_entropy(logits_NV, x0_N, zt_N, alpha_N)
+
+
+def _reweighted_loo_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+  return time_weight(alpha_N, dalpha_N, reweight_cap) * loo_cross_entropy(logits_NV, x0_N, zt_N, alpha_N)
+
+
+def _nelbo(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+  return uniform_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N)
+
+
+def _mdlm(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+  return mdlm_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, mask_id)
+
+
+UNIFORM, MASK, NONE = "uniform", "mask", "none"  # corruption kinds
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """One training objective: how the canvas is corrupted and scored, and what that implies downstream.
+
+  corruption: 'uniform' (tokens replaced by uniform random tokens), 'mask' (by diffusion.mask_id) or
+    'none' (autoregressive: no canvas, next-token CE of the causal encoder over the whole row).
+  loss: per-token canvas loss fn(logits, x0, zt, alpha, alpha', *, reweight_cap, mask_id) (None for AR).
+  leave_one_out: the network output f stands for x0 logits f + delta onehot(z) (`loo_logits`); the
+    x0 prediction of every other objective is f itself.
+  loss_is_nelbo: the training loss is already the NELBO integrand (the eval metric reuses it).
+  samplers: the `sample.sampler` values that fit a model trained this way (() for AR: no canvas sampler).
+  """
+
+  name: str
+  corruption: str
+  loss: Callable | None
+  leave_one_out: bool = False
+  loss_is_nelbo: bool = False
+  samplers: tuple[str, ...] = ("released", "ancestral")
+
+  @property
+  def autoregressive(self) -> bool:
+    return self.corruption == NONE
+
+  @property
+  def masked(self) -> bool:
+    return self.corruption == MASK
+
+  def x0_logits(self, logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
+    """The x0-prediction logits the objective trains (fp32)."""
+    if self.leave_one_out:
+      return loo_logits(logits_NV, zt_N, alpha_N)
+    return logits_NV.astype(jnp.float32)
+
+  def nelbo_per_token(self, logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, mask_id: int) -> jax.Array:
+    """The NELBO integrand of the model's x0 prediction at (alpha, alpha') (fp32 [N])."""
+    if self.masked:
+      return mdlm_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, mask_id)
+    return uniform_nelbo_per_token(self.x0_logits(logits_NV, zt_N, alpha_N), x0_N, zt_N, alpha_N, dalpha_N)
+
+
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
+    Objective("base_ce", UNIFORM, _base_ce),
+    Objective("reweighted_ce", UNIFORM, _reweighted_ce),
+    Objective("loo_ce", UNIFORM, _loo_ce, leave_one_out=True),
+    Objective("reweighted_loo_ce", UNIFORM, _reweighted_loo_ce, leave_one_out=True),
+    Objective("nelbo", UNIFORM, _nelbo, loss_is_nelbo=True),
+    Objective("mdlm", MASK, _mdlm, loss_is_nelbo=True, samplers=("masked",)),
+    Objective("ar", NONE, None, samplers=()),
+)}
+
+
+def get(name: str) -> Objective:
+  """The objective called `name`; an unknown name raises ConfigError naming diffusion.objective."""
+  if name not in OBJECTIVES:
+    raise ConfigError(f"diffusion.objective: {name!r} not in {tuple(OBJECTIVES)}")
+  return OBJECTIVES[name]
+
 
 def per_token_loss(name: str, logits_NV: jax.Array, x0_N: jax.Array, zt_N: jax.Array, alpha_N: jax.Array,
                    dalpha_N: jax.Array, *, reweight_cap: float = 10.0, mask_id: int = 4) -> jax.Array:
   """The per-token training loss of objective `name` (see the module docstring); fp32 [N]."""
-  if name == "base_ce":
-    return cross_entropy(logits_NV, x0_N)
-  if name == "reweighted_ce":
-    return time_weight(alpha_N, dalpha_N, reweight_cap) * cross_entropy(logits_NV, x0_N)
-  if name == "loo_ce":
-    return loo_cross_entropy(logits_NV, x0_N, zt_N, alpha_N)
-  if name == "reweighted_loo_ce":
-    return time_weight(alpha_N, dalpha_N, reweight_cap) * loo_cross_entropy(logits_NV, x0_N, zt_N, alpha_N)
-  if name == "nelbo":
-    return uniform_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N)
-  if name == "mdlm":
-    return mdlm_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, mask_id)
-  raise ValueError(f"diffusion.objective: {name!r} has no per-token canvas loss (one of {OBJECTIVES})")
-
-
-def x0_logits(name: str, logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
-  """The x0-prediction logits the objective trains: loo objectives add delta onehot(z) to the network
-  output; the others use it as is."""
-  if name in ("loo_ce", "reweighted_loo_ce"):
-    return loo_logits(logits_NV, zt_N, alpha_N)
-  return logits_NV.astype(jnp.float32)
+  objective = get(name)
+  if objective.loss is None:
+    raise ConfigError(f"diffusion.objective: {name!r} has no per-token canvas loss (it has no canvas)")
+  return objective.loss(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, reweight_cap=reweight_cap, mask_id=mask_id)

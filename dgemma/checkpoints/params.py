@@ -4,6 +4,8 @@ Layout of CKPT_DIR:
   params/              Orbax StandardCheckpointer item (the nested params dict)
   model_config.json    ModelConfig.to_dict()
   <extra>.json         optional extra JSON files (the converter keeps the source HF config.json)
+  tokenizer.model / tokenizer.json   the tokenizer that belongs to the weights (the converter copies it
+                       from the Hugging Face directory; `dgemma.load` finds it here)
 Written into a temporary sibling directory and renamed into place, so a reader never sees a
 partial checkpoint.
 """
@@ -22,15 +24,29 @@ import orbax.checkpoint as ocp
 
 PARAMS = "params"
 MODEL_CONFIG = "model_config.json"
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")  # a SentencePiece model, else an HF tokenizers file
+
+
+def is_params_dir(path: str | os.PathLike) -> bool:
+  return (Path(path) / MODEL_CONFIG).is_file() and (Path(path) / PARAMS).is_dir()
+
+
+def tokenizer_file(path: str | os.PathLike) -> Path | None:
+  """The tokenizer stored with a checkpoint (tokenizer.model first, then tokenizer.json), or None."""
+  for name in TOKENIZER_FILES:
+    if (Path(path) / name).is_file():
+      return Path(path) / name
+  return None
 
 
 def save_params(path: str | os.PathLike, params: Any, model_config_dict: Mapping[str, Any], *,
-                extra_json: Mapping[str, Any] | None = None, overwrite: bool = False) -> None:
+                extra_json: Mapping[str, Any] | None = None, extra_files: Mapping[str, str | os.PathLike] | None = None,
+                overwrite: bool = False) -> None:
   """Saves `params` and the model config to `path` atomically (refuses an existing path
-  unless `overwrite`)."""
+  unless `overwrite`); `extra_files` {name: source path} are copied in beside them."""
   path = Path(path).absolute()
   if path.exists() and not overwrite:
-    raise FileExistsError(f"{path}: already exists (pass overwrite=True to replace it)")
+    raise FileExistsError(f"{path}: already exists (use --overwrite to replace it)")
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
   try:
@@ -41,6 +57,8 @@ def save_params(path: str | os.PathLike, params: Any, model_config_dict: Mapping
     (tmp / MODEL_CONFIG).write_text(json.dumps(dict(model_config_dict), indent=2) + "\n")
     for name, obj in (extra_json or {}).items():
       (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
+    for name, source in (extra_files or {}).items():
+      shutil.copyfile(source, tmp / name)
     if path.exists():
       old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
       os.replace(path, old)
@@ -53,19 +71,24 @@ def save_params(path: str | os.PathLike, params: Any, model_config_dict: Mapping
       shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_params(path: str | os.PathLike) -> tuple[Any, dict]:
-  """Returns (params as a nested dict of numpy arrays, model config dict)."""
+def read_header(path: str | os.PathLike) -> tuple[Path, dict]:
+  """(the checkpoint's absolute path, its model config dict), without reading the weights."""
   path = Path(path).absolute()
   cfg_path = path / MODEL_CONFIG
   if not cfg_path.exists():
     raise FileNotFoundError(f"{cfg_path}: not found (not a dgemma params checkpoint?)")
+  return path, json.loads(cfg_path.read_text())
+
+
+def load_params(path: str | os.PathLike) -> tuple[Any, dict]:
+  """Returns (params as a nested dict of numpy arrays, model config dict)."""
+  path, model_config = read_header(path)
   ckptr = ocp.StandardCheckpointer()
   try:
     params = ckptr.restore(path / PARAMS)
   finally:
     ckptr.close()
-  params = _to_numpy(params)
-  return params, json.loads(cfg_path.read_text())
+  return _to_numpy(params), model_config
 
 
 def read_extra_json(path: str | os.PathLike, name: str) -> Any | None:

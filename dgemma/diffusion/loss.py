@@ -25,7 +25,7 @@ e.g. a Sudoku puzzle's givens, `data.sudoku.infill_givens`). Those tokens stay c
 are never scored, so training matches sampling with the same tokens held by the sampler's infilling
 (`generate(..., infill_tokens_BN, infill_mask_BN)`): the model learns to denoise the rest around them.
 
-`diffusion.objective` swaps the canvas loss (dgemma/objectives.py): base_ce (released), reweighted_ce,
+`diffusion.objective` swaps the canvas loss (dgemma/diffusion/objectives.py): base_ce (released), reweighted_ce,
 loo_ce, reweighted_loo_ce, nelbo (uniform-state NELBO), mdlm (masked-diffusion baseline: tokens
 replaced by `mask_id` with probability 1 - alpha) and ar (no canvas: next-token CE of the causal
 encoder over the whole row).
@@ -37,72 +37,14 @@ divided by whole-batch token counts (`batch_totals`), so micro-batch losses add 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from dgemma import objectives
+from dgemma.diffusion import objectives, schedules
+from dgemma.diffusion.corruption import corrupt_rows, split_context_canvas
 from dgemma.model import ModelConfig, Transformer, init_cache
-
-
-@dataclasses.dataclass(frozen=True)
-class DiffusionLossConfig:
-  canvas_len: int
-  t_eps: float = 1e-4
-  encoder_loss_weight: float = 1.0
-  self_cond_prob: float = 0.5
-  objective: str = "base_ce"
-  schedule: str = "linear"
-  reweight_cap: float = 10.0
-  mask_id: int = 4
-  antithetic_t: bool = False
-  canvases_per_row: int = 1
-
-  @classmethod
-  def from_config(cls, config) -> "DiffusionLossConfig":
-    d = config.diffusion
-    return cls(canvas_len=int(d.canvas_len), t_eps=float(d.t_eps),
-               encoder_loss_weight=float(d.encoder_loss_weight), self_cond_prob=float(d.self_cond_prob),
-               objective=str(d.objective), schedule=str(d.schedule), reweight_cap=float(d.reweight_cap),
-               mask_id=int(d.mask_id), antithetic_t=bool(d.antithetic_t),
-               canvases_per_row=int(d.canvases_per_row))
-
-
-def corrupt_uniform(rng: jax.Array, tokens_BC: jax.Array, t_B: jax.Array, vocab_size: int) -> tuple[jax.Array, jax.Array]:
-  """Replaces each token with a uniform random vocabulary token with probability t (per example).
-
-  Returns (noisy_BC, replaced_BC). A replacement may draw the clean token itself (uniform-state
-  diffusion: the noise distribution is uniform over the whole vocabulary).
-  """
-  rng_mask, rng_tok = jax.random.split(rng)
-  replaced_BC = jax.random.uniform(rng_mask, tokens_BC.shape) < t_B[:, None]
-  random_BC = jax.random.randint(rng_tok, tokens_BC.shape, 0, vocab_size, dtype=tokens_BC.dtype)
-  return jnp.where(replaced_BC, random_BC, tokens_BC), replaced_BC
-
-
-def corrupt_rows(keys_B: jax.Array, tokens_BC: jax.Array, p_B: jax.Array, vocab_size: int,
-                 mask_id: int | None = None) -> tuple[jax.Array, jax.Array]:
-  """Per-example keys: each row replaces each token with probability p_b, by a uniform random token
-  (mask_id None) or by `mask_id` (masked diffusion). Returns (noisy_BC, replaced_BC)."""
-  def row(key, tokens_C, p):
-    k_mask, k_tok = jax.random.split(key)
-    replaced_C = jax.random.uniform(k_mask, tokens_C.shape) < p
-    if mask_id is None:
-      fill_C = jax.random.randint(k_tok, tokens_C.shape, 0, vocab_size, dtype=tokens_C.dtype)
-    else:
-      fill_C = jnp.full_like(tokens_C, mask_id)
-    return jnp.where(replaced_C, fill_C, tokens_C), replaced_C
-  return jax.vmap(row)(keys_B, tokens_BC, p_B)
-
-
-def split_context_canvas(batch: dict[str, jax.Array], canvas_len: int) -> tuple[dict, dict]:
-  """Splits packed rows [B, L] into context [B, L - C] and canvas [B, C] (same keys)."""
-  split = batch["tokens"].shape[1] - canvas_len
-  ctx = {k: v[:, :split] for k, v in batch.items()}
-  canvas = {k: v[:, split:] for k, v in batch.items()}
-  return ctx, canvas
 
 
 def masked_cross_entropy(logits_BNV: jax.Array, targets_BN: jax.Array, weights_BN: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -131,11 +73,11 @@ def target_mask(batch: dict[str, jax.Array]) -> jax.Array:
   return mask
 
 
-def batch_totals(batch: dict[str, jax.Array], loss_cfg: DiffusionLossConfig) -> dict[str, jax.Array]:
+def batch_totals(batch: dict[str, jax.Array], loss_cfg) -> dict[str, jax.Array]:
   """Whole-batch normalisers: examples, scored canvas tokens, encoder next-token targets (fp32)."""
   seg_BL = batch["segment_ids"]
   tgt_BL = target_mask(batch)
-  if loss_cfg.objective == "ar":
+  if objectives.get(loss_cfg.objective).autoregressive:
     enc_w = next_token_weights(seg_BL, tgt_BL)
     canvas_w = enc_w[:, -loss_cfg.canvas_len:]
   else:
@@ -148,7 +90,7 @@ def batch_totals(batch: dict[str, jax.Array], loss_cfg: DiffusionLossConfig) -> 
 
 
 def sample_times(keys_B: jax.Array, example_ids_B: jax.Array, rng: jax.Array, num_examples: jax.Array,
-                 loss_cfg: DiffusionLossConfig) -> jax.Array:
+                 loss_cfg) -> jax.Array:
   """t ~ U(t_eps, 1) per example; antithetic: t_b = t_eps + (1 - t_eps) frac(u + id_b / B), one u per batch."""
   if loss_cfg.antithetic_t:
     u_B = jnp.mod(jax.random.uniform(rng, ()) + example_ids_B.astype(jnp.float32) / num_examples, 1.0)
@@ -157,7 +99,7 @@ def sample_times(keys_B: jax.Array, example_ids_B: jax.Array, rng: jax.Array, nu
   return loss_cfg.t_eps + (1.0 - loss_cfg.t_eps) * u_B
 
 
-def router_losses(intermediates: Any) -> dict[str, jax.Array]:
+def sum_sown_router_losses(intermediates: Any) -> dict[str, jax.Array]:
   """Sums the sown (already weighted) router losses of one or more apply calls by name."""
   flat = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(intermediates)[0]:
@@ -169,7 +111,7 @@ def router_losses(intermediates: Any) -> dict[str, jax.Array]:
 
 
 def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, model_cfg: ModelConfig,
-                   loss_cfg: DiffusionLossConfig, example_ids_B: jax.Array | None = None,
+                   loss_cfg, example_ids_B: jax.Array | None = None,
                    totals: dict[str, jax.Array] | None = None,
                    eval_metrics: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
   """DiffusionGemma SFT/pretraining loss on packed rows `{tokens, segment_ids, positions}` [B, L].
@@ -196,7 +138,8 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   apply = lambda *a, **k: model.apply({"params": params}, *a, mutable=["intermediates"], **k)
   metrics: dict[str, jax.Array] = {}
 
-  if loss_cfg.objective == "ar":
+  objective = objectives.get(loss_cfg.objective)
+  if objective.autoregressive:
     return _ar_loss(apply, batch, model_cfg, loss_cfg, totals, router_scale, eval_metrics)
 
   # Clean context = the row up to the last canvas; decoder input = the last K canvases (K = 1: one).
@@ -208,8 +151,8 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
     example_ids_B = (example_ids_B[:, None] * K + jnp.arange(K, dtype=jnp.int32)[None, :]).reshape(-1)
     keys_B3 = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(rng_examples, i), 3))(example_ids_B)
   t_B = sample_times(keys_B3[:, 0], example_ids_B, rng_batch, totals["examples"] * K, loss_cfg)
-  alpha_B, dalpha_B = objectives.schedule(loss_cfg.schedule, t_B)
-  mask_id = loss_cfg.mask_id if loss_cfg.objective == "mdlm" else None
+  alpha_B, dalpha_B = schedules.alpha_and_derivative(loss_cfg.schedule, t_B, loss_cfg.schedule_eps)
+  mask_id = loss_cfg.mask_id if objective.masked else None
   noisy_BC, replaced_BC = corrupt_rows(keys_B3[:, 1], canvas["tokens"].reshape(-1, C), 1.0 - alpha_B,
                                        model_cfg.vocab_size, mask_id=mask_id)
   noisy_BC, replaced_BC = noisy_BC.reshape(batch_size, K * C), replaced_BC.reshape(batch_size, K * C)
@@ -242,12 +185,12 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   else:
     logits_BCV, dec_vars = decode(None, None)
 
-  # Canvas objective (dgemma/objectives.py), per token, at each example's (alpha, alpha').
+  # Canvas objective (dgemma/diffusion/objectives.py), per token, at each example's (alpha, alpha').
   targets_BC = canvas["tokens"]
   canvas_w_BC = target_mask(canvas).astype(jnp.float32)
   alpha_BC, dalpha_BC = per_token(alpha_B), per_token(dalpha_B)
-  loss_BC = objectives.per_token_loss(loss_cfg.objective, logits_BCV, targets_BC, noisy_BC, alpha_BC, dalpha_BC,
-                                      reweight_cap=loss_cfg.reweight_cap, mask_id=loss_cfg.mask_id)
+  loss_BC = objective.loss(logits_BCV, targets_BC, noisy_BC, alpha_BC, dalpha_BC,
+                           reweight_cap=loss_cfg.reweight_cap, mask_id=loss_cfg.mask_id)
   n_canvas = jnp.maximum(totals["canvas_tokens"], 1.0)
   canvas_loss = jnp.sum(loss_BC * canvas_w_BC) / n_canvas
   ce_sum, n_local, correct = masked_cross_entropy(logits_BCV, targets_BC, canvas_w_BC)
@@ -255,11 +198,8 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
                  canvas_tokens=n_local,
                  corrupted_fraction=jnp.sum(replaced_BC * canvas_w_BC) / n_canvas)
   if eval_metrics:
-    if loss_cfg.objective in ("mdlm", "nelbo"):
-      nelbo_BC = loss_BC
-    else:
-      x0_BCV = objectives.x0_logits(loss_cfg.objective, logits_BCV, noisy_BC, alpha_BC)
-      nelbo_BC = objectives.uniform_nelbo_per_token(x0_BCV, targets_BC, noisy_BC, alpha_BC, dalpha_BC)
+    nelbo_BC = loss_BC if objective.loss_is_nelbo else objective.nelbo_per_token(
+        logits_BCV, targets_BC, noisy_BC, alpha_BC, dalpha_BC, mask_id=loss_cfg.mask_id)
     metrics["canvas_nelbo"] = jnp.sum(nelbo_BC * canvas_w_BC) / n_canvas
   loss = canvas_loss
   if want_enc_logits:
@@ -277,7 +217,7 @@ def _add_router_losses(metrics: dict, variables: list, model_cfg: ModelConfig, s
   """MoE aux losses sown by the scored passes (transformer.py docstring); reported and returned."""
   if not (model_cfg.num_experts and (model_cfg.router_aux_loss_weight or model_cfg.router_z_loss_weight)):
     return jnp.zeros((), jnp.float32)
-  sums = router_losses([v.get("intermediates", {}) for v in variables])
+  sums = sum_sown_router_losses([v.get("intermediates", {}) for v in variables])
   total = jnp.zeros((), jnp.float32)
   for name, value in sums.items():
     metrics[name] = value * scale
@@ -285,7 +225,7 @@ def _add_router_losses(metrics: dict, variables: list, model_cfg: ModelConfig, s
   return total
 
 
-def _ar_loss(apply, batch, model_cfg: ModelConfig, loss_cfg: DiffusionLossConfig, totals, router_scale,
+def _ar_loss(apply, batch, model_cfg: ModelConfig, loss_cfg, totals, router_scale,
              eval_metrics: bool):
   """objective='ar': causal next-token CE over the whole packed row (no canvas, no noise). canvas_*
   metrics score the targets that fall in the canvas region (the last canvas_len positions), for

@@ -1,0 +1,467 @@
+"""The front door: load any checkpoint, then generate, chat or score.
+
+  model = dgemma.load("workdirs/demo")          # a run, a params checkpoint, an adapter or an HF directory
+  out = model.generate(["ROMEO:", "To be"], max_new_tokens=64, steps=32, seed=0)
+  out[0].text, out[0].token_ids, out[0].num_forwards, out[0].tokens_per_forward
+  model.chat([{"role": "user", "content": "Hi"}])          # or a list of conversations
+  model.score(["Some text."])["bits_per_byte"]            # the numbers eval.likelihood reports
+
+`load` reads params only (never a run's optimizer state), finds the tokenizer that belongs to the weights
+(a run's WORKDIR/tokenizer.model or its byte tokenizer; tokenizer.model, else tokenizer.json, beside
+converted or Hugging Face weights), and checks every setting before reading a weight. The settings of a
+run come from its config.json; for other checkpoints from `config` (or configs/base.py defaults, with the
+canvas length of the HF config). A model trained with diffusion.objective='ar' (or a Gemma 4 AR directory)
+generates with the AR decoder behind the same call.
+
+Sampler settings per call: `steps` (sample.max_denoising_steps), `temperature` (sample.t_max = t_min) and
+any key of the `sample` group as a keyword (`t_max=0.6`, `sampler='ancestral'`, ...), checked like a config.
+Streaming: `on_step(view)` gets a `dgemma.sampling.StepView` after every denoising step and
+`on_canvas(view)` a `CanvasView` per finished canvas, so a notebook can show the text as it forms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+import jax
+import ml_collections
+import numpy as np
+
+from configs import base
+from dgemma import checkpoints, files, quant, report, tokenizers
+from dgemma import data as data_lib
+from dgemma import mesh as mesh_lib
+from dgemma import settings as settings_lib
+from dgemma.data import sft
+from dgemma.diffusion import likelihood
+from dgemma.errors import ConfigError
+from dgemma.model import Transformer
+from dgemma.sampling import LivePrinter, StepView, ar_generate, check_request, generate, trajectory_steps
+
+# Groups a caller's config may set on top of a training run's saved config (evaluation only).
+EVAL_GROUPS = ("sample", "eval", "seed", "mesh")
+Conversation = Sequence[Mapping[str, str]]
+
+
+@dataclasses.dataclass
+class Generation:
+  """One prompt's result. token_ids: the generated ids up to and including the end token (when one was
+  generated); text: their decoding without the end token; num_forwards: decoder passes (AR: one per
+  token); tokens_per_forward: len(token_ids) / num_forwards; trajectory: the first canvas step by step
+  ({'tokens', 'accepted', 'entropy'}: [steps, canvas_len]) when asked for."""
+  prompt: str
+  text: str
+  token_ids: list[int]
+  num_forwards: int
+  tokens_per_forward: float
+  ended: bool
+  trajectory: Optional[dict] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CanvasView:
+  """A finished canvas, on the host: its index and, per row, the tokens it committed (cut after the end
+  token; empty for rows that had already ended) and their text."""
+  canvas_idx: int
+  token_ids: list[list[int]]
+  texts: list[str]
+
+
+class _Streamer:
+  """The step callback of one generate call: forwards steps to on_step and turns them into per-canvas
+  views for on_canvas (a canvas is done when the next one starts, and at the end)."""
+
+  def __init__(self, decode, end_ids, on_step, on_canvas):
+    self._decode, self._end_ids = decode, tuple(end_ids)
+    self._on_step, self._on_canvas = on_step, on_canvas
+    self._canvas, self._result_BC, self._ran_B = -1, None, None
+
+  def __call__(self, view: StepView) -> None:
+    if view.canvas_idx != self._canvas:
+      self.flush()
+      self._canvas, self._ran_B = view.canvas_idx, np.zeros(view.active_B.shape, bool)
+    self._ran_B = self._ran_B | view.active_B
+    self._result_BC = view.result_BC
+    if self._on_step is not None:
+      self._on_step(view)
+
+  def flush(self) -> None:
+    if self._result_BC is None or self._on_canvas is None:
+      self._result_BC = None
+      return
+    rows = []
+    for b, ran in enumerate(self._ran_B):
+      ids = [int(t) for t in self._result_BC[b]] if ran else []
+      ends = [i for i, t in enumerate(ids) if t in self._end_ids]
+      rows.append(ids[:ends[0] + 1] if ends else ids)
+    self._on_canvas(CanvasView(self._canvas, rows, [self._decode(r) for r in rows]))
+    self._result_BC = None
+
+
+def _copy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(config.to_dict())
+
+
+_set = settings_lib.set_key
+
+
+def run_config(header: checkpoints.Checkpoint, config: Optional[ml_collections.ConfigDict] = None
+               ) -> ml_collections.ConfigDict:
+  """The config a checkpoint is used with (nothing is read but its metadata).
+
+  A run: its config.json, with `sample`, `eval`, `seed` and `mesh` taken from `config` when given. Any
+  other kind: `config` (default configs/base.py) with the checkpoint's architecture, the tokenizer file
+  found beside the weights, and (without `config`) the HF config's canvas length; a Gemma 4 AR directory
+  is an 'ar' model."""
+  if header.kind == "workdir":
+    run = settings_lib.from_json(header.config_json)
+    source = config if config is not None else base.get_config()
+    for group in EVAL_GROUPS if config is not None else ("mesh",):
+      with run.ignore_type():
+        run[group] = _copy(source[group]) if isinstance(source[group], ml_collections.ConfigDict) else source[group]
+    return run
+  run = _copy(config) if config is not None else base.get_config()
+  run.model = ml_collections.ConfigDict(header.model.to_dict())
+  if header.tokenizer_file is not None:
+    run.data.tokenizer.kind, run.data.tokenizer.path = "file", str(header.tokenizer_file)
+  elif config is None:
+    raise ConfigError(f"--checkpoint: {header.path} holds no tokenizer (tokenizer.model or tokenizer.json): pass a "
+                      "config (--config=configs/<the run's config>.py) whose data.tokenizer names one")
+  hf_config = header.hf_config or {}
+  if config is None:
+    canvas = int(hf_config.get("canvas_length", run.diffusion.canvas_len))
+    run.diffusion.canvas_len = canvas
+    run.data.seq_len = 2 * canvas  # scoring's default context: one canvas of text before each canvas
+    if hf_config and hf_config.get("model_type") != checkpoints.hf.DIFFUSION:
+      run.diffusion.objective = "ar"  # a Gemma 4 AR checkpoint: its diffusion head was never trained
+  return run
+
+
+def load(path: str, *, step: Optional[int] = None, quantize: Optional[str] = None, mesh=None,
+         dtype: Optional[str] = None, config: Optional[ml_collections.ConfigDict] = None,
+         field: str = "--checkpoint") -> "Model":
+  """Loads the params of any checkpoint kind (module docstring).
+
+  step: a run's training step (default: sample.checkpoint_step, -1 = the latest).
+  quantize: 'int8' | 'int4' | 'int4_experts' weight-only quantization at load (sample.quantize).
+  mesh: a jax Mesh, or {axis: size} over (data, fsdp, expert, tensor) (default: config.mesh, data-parallel
+    over this host's devices). dtype: 'float32' | 'bfloat16' parameters and compute.
+  config: settings to use (module docstring). field: how errors name `path` (a flag or config key).
+  """
+  header = checkpoints.header(path, field)
+  run = run_config(header, config)
+  if quantize is not None:
+    _set(run, "sample.quantize", quantize)
+  if dtype is not None:
+    _set(run, "model.dtype", dtype)
+    _set(run, "model.param_dtype", dtype)
+  if isinstance(mesh, Mapping):
+    for axis, size in mesh.items():
+      run.mesh.shape[axis] = int(size)
+  settings = settings_lib.from_config(run)  # every check before a weight is read
+  jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else mesh_lib.make_mesh(settings.mesh.shape)
+  want_step = settings.sample.checkpoint_step if step is None else step
+  ckpt = checkpoints.load(path, step=want_step if header.kind == "workdir" else None, mesh=jax_mesh,
+                          axis_rules=settings.mesh.axis_rules, dtype=dtype)
+  return Model(ckpt, run, jax_mesh)
+
+
+class Model:
+  """A loaded checkpoint with its settings, tokenizer and (possibly quantized) params."""
+
+  def __init__(self, checkpoint: checkpoints.Checkpoint, config: ml_collections.ConfigDict, mesh):
+    self.checkpoint = checkpoint
+    self.config = config
+    self.settings = settings_lib.from_config(config)
+    self.mesh = mesh
+    self.tokenizer = tokenizer_for(self.settings, checkpoint)
+    if self.tokenizer.vocab_size > self.settings.model.vocab_size:
+      raise ConfigError(f"model.vocab_size: {self.settings.model.vocab_size} is smaller than the tokenizer's "
+                        f"vocabulary ({self.tokenizer.vocab_size}, {self.tokenizer!r})")
+    self.params = quant.quantize_params(checkpoint.params, self.settings.sample.quant)
+
+  def with_config(self, config: ml_collections.ConfigDict) -> "Model":
+    """The same weights with other settings (e.g. an ablation's sample / eval overrides), checked; the
+    architecture, tokenizer and quantization must stay those the weights were loaded with."""
+    other = object.__new__(Model)
+    other.checkpoint, other.config, other.mesh, other.tokenizer = self.checkpoint, _copy(config), self.mesh, self.tokenizer
+    other.settings = settings_lib.from_config(other.config)
+    diffs = settings_lib.model_differences(self.settings.model, other.settings.model)
+    if diffs or other.settings.sample.quant != self.settings.sample.quant:
+      raise ConfigError(f"with_config: the architecture or sample.quantize differs from the loaded weights "
+                        f"({'; '.join(diffs) or 'quantization'}); load the checkpoint again")
+    other.params = self.params
+    return other
+
+  @property
+  def model_cfg(self):
+    return self.checkpoint.model
+
+  @property
+  def step(self) -> Optional[int]:
+    return self.checkpoint.step
+
+  @property
+  def path(self) -> str:
+    return self.checkpoint.path
+
+  @property
+  def objective(self):
+    return self.settings.objective
+
+  def __repr__(self) -> str:
+    return (f"dgemma.Model({self.path!r}, kind={self.checkpoint.kind!r}, step={self.step}, "
+            f"objective={self.objective.name!r}, tokenizer={self.tokenizer!r})")
+
+  # ---- settings of one call, prompts ----
+
+  def call_settings(self, **kwargs) -> settings_lib.Settings:
+    """These settings with this call's sample.* overrides (`call_settings` below)."""
+    return call_settings(self.config, **kwargs)
+
+  def prompt_ids(self, prompt: str) -> list[int]:
+    return encode_prompt(self.tokenizer, prompt)
+
+  def chat_ids(self, conversation: Conversation) -> list[int]:
+    return encode_chat(self.tokenizer, conversation)
+
+  def generate(self, prompts: Union[str, Sequence[str]], *, max_new_tokens: int = 256, steps: Optional[int] = None,
+               seed: int = 0, return_trajectory: bool = False, on_step: Optional[Callable] = None,
+               on_canvas: Optional[Callable] = None, **sampler_overrides) -> Union[Generation, list[Generation]]:
+    """Generates from one prompt (-> a Generation) or a list of prompts of any lengths (-> a list).
+    Row b draws its randomness from fold_in(key(seed), b), as `dgemma.sampling.generate` does."""
+    single = isinstance(prompts, str)
+    texts = [prompts] if single else list(prompts)
+    out = self._generate([self.prompt_ids(t) for t in texts], texts, max_new_tokens=max_new_tokens, steps=steps,
+                         seed=seed, return_trajectory=return_trajectory, on_step=on_step, on_canvas=on_canvas,
+                         **sampler_overrides)
+    return out[0] if single else out
+
+  def chat(self, conversations: Union[Conversation, Sequence[Conversation]], *, max_new_tokens: int = 256,
+           steps: Optional[int] = None, seed: int = 0, **kwargs) -> Union[Generation, list[Generation]]:
+    """The model's next turn for one conversation ([{role, content}, ...], roles 'user' / 'model' or
+    'assistant') or a list of them; generation stops at end-of-turn (sample.end_ids)."""
+    single = bool(conversations) and isinstance(conversations[0], Mapping)
+    convs = [conversations] if single else list(conversations)
+    out = self._generate([self.chat_ids(c) for c in convs], [c[-1]["content"] if c else "" for c in convs],
+                         max_new_tokens=max_new_tokens, steps=steps, seed=seed, **kwargs)
+    return out[0] if single else out
+
+  def _generate(self, ids: list[list[int]], prompts: list[str], *, max_new_tokens: Optional[int], steps: Optional[int],
+                seed: Optional[int], return_trajectory: bool = False, on_step=None, on_canvas=None,
+                **overrides) -> list[Generation]:
+    """Generation from token ids (the shared body of generate, chat and sample.py); None = the setting."""
+    if not ids:
+      raise ValueError("prompts: need at least one prompt")
+    streaming = on_step is not None or on_canvas is not None
+    st = self.call_settings(max_new_tokens=max_new_tokens, steps=steps, seed=seed,
+                            live=streaming and not self.objective.autoregressive, **overrides)
+    pad = self.tokenizer.pad_id
+    lengths_B = np.asarray([len(x) for x in ids], np.int32)
+    prompts_BP = np.full((len(ids), int(lengths_B.max())), pad, np.int32)
+    for b, x in enumerate(ids):
+      prompts_BP[b, :len(x)] = x
+    rng = jax.random.key(st.sample.seed)
+    model = Transformer(self.model_cfg)
+    traj = None
+    with mesh_lib.mesh_context(self.mesh, st.mesh.axis_rules):
+      if self.objective.autoregressive:
+        tokens_BN, lengths_out_B = jax.device_get(ar_generate(
+            model, self.params, prompts_BP, lengths_B, rng, st.sample.max_new_tokens, st.eval.ar_temperature,
+            st.sample.end_ids, pad_id=pad))
+        passes_B = np.maximum(lengths_out_B, 1)
+        end_ids = st.sample.end_ids
+      else:
+        sampler = st.canvas_sampler
+        streamer = _Streamer(self.tokenizer.decode, sampler.end_ids, on_step, on_canvas) if streaming else None
+        out = jax.device_get(generate(model, self.params, prompts_BP, lengths_B, sampler, rng,
+                                      st.sample.max_new_tokens, return_trajectory=return_trajectory,
+                                      step_callback=streamer))
+        if streamer is not None:
+          streamer.flush()
+        tokens_BN, lengths_out_B, passes_B = out.tokens_BN, out.lengths_B, out.num_forwards_B
+        traj, end_ids = out.trajectory, sampler.end_ids
+    results = []
+    for b in range(len(ids)):
+      token_ids = [int(t) for t in tokens_BN[b, :lengths_out_B[b]]]
+      ended = bool(token_ids) and token_ids[-1] in end_ids
+      body = token_ids[:-1] if ended else token_ids
+      record = None
+      if traj is not None:
+        tokens_SC, accepted_SC, entropy_SC = trajectory_steps(traj, row=b)
+        record = {"tokens": tokens_SC, "accepted": accepted_SC, "entropy": entropy_SC}
+      results.append(Generation(prompt=prompts[b], text=self.tokenizer.decode(body), token_ids=token_ids,
+                                num_forwards=int(passes_B[b]),
+                                tokens_per_forward=len(token_ids) / max(int(passes_B[b]), 1), ended=ended,
+                                trajectory=record))
+    return results
+
+  # ---- likelihood ----
+
+  def score(self, texts: Union[str, Sequence[str]], **eval_overrides) -> dict:
+    """The likelihood of `texts` (each a document): the NELBO bound (diffusion) or the exact NLL (AR), in
+    nats/token, bits per UTF-8 byte and perplexity, with standard errors: the numbers eval.likelihood
+    reports. eval.* keys as keywords (num_t_samples=16, context_len=..., seed=...)."""
+    config = _copy(self.config)
+    for name, value in eval_overrides.items():
+      _set(config, f"eval.{name}", value)
+    st = settings_lib.from_config(config)
+    docs = [likelihood.cut_document(t, self.tokenizer, st.eval.max_tokens)
+            for t in ([texts] if isinstance(texts, str) else texts)]
+    with mesh_lib.mesh_context(self.mesh, st.mesh.axis_rules):
+      out = likelihood.score_documents(self.params, self.model_cfg, st.diffusion, st.eval, docs,
+                                       seq_len=st.data.seq_len, pad_id=self.tokenizer.pad_id,
+                                       max_positions=st.sample.sampler.max_context)
+    return {"checkpoint": self.path, "step": self.step, **out}
+
+
+def call_settings(config: ml_collections.ConfigDict, *, max_new_tokens: Optional[int] = None,
+                  steps: Optional[int] = None, seed: Optional[int] = None, temperature: Optional[float] = None,
+                  live: bool = False, **sample_overrides) -> settings_lib.Settings:
+  """The settings of `config` with one call's sample.* overrides, checked as a config would be: `steps`
+  (sample.max_denoising_steps), `temperature` (sample.t_max = t_min; an AR model's eval.ar_temperature),
+  `live` (sample.show='live'), and any key of the sample group."""
+  config = _copy(config)
+  autoregressive = settings_lib.from_config(config).objective.autoregressive
+  if steps is not None and not (isinstance(steps, int) and steps >= 1):
+    raise ConfigError(f"--steps (sample.max_denoising_steps): must be an integer >= 1, got {steps!r}")
+  if temperature is not None and not (temperature > 0 or (temperature == 0 and autoregressive)):
+    raise ConfigError(f"--temperature: must be > 0 (0 = greedy for an AR model), got {temperature}")
+  for name, value in (("max_new_tokens", max_new_tokens), ("max_denoising_steps", steps), ("seed", seed)):
+    if value is not None:
+      _set(config, f"sample.{name}", value)
+  if temperature is not None:
+    if autoregressive:
+      _set(config, "eval.ar_temperature", temperature)
+    else:
+      _set(config, "sample.t_max", temperature)
+      _set(config, "sample.t_min", temperature)
+  for name, value in sample_overrides.items():
+    _set(config, f"sample.{name}", value)
+  if live:
+    _set(config, "sample.show", "live")
+  return settings_lib.from_config(config)
+
+
+def encode_prompt(tokenizer: tokenizers.Tokenizer, prompt: str) -> list[int]:
+  """[BOS] + the prompt's ids."""
+  return [tokenizer.bos_id] + tokenizer.encode(prompt)
+
+
+def encode_chat(tokenizer: tokenizers.Tokenizer, conversation: Conversation) -> list[int]:
+  """A conversation rendered in the Gemma 4 turn format (`<|turn>role\ncontent<turn|>\n` per turn, then the
+  model's turn opened) when the tokenizer has the turn markers, the same structure as plain text otherwise."""
+  turns = []
+  for i, message in enumerate(conversation):
+    if not (isinstance(message, Mapping) and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)):
+      raise ValueError(f"messages[{i}]: expected {{'role': str, 'content': str}}, got {message!r}")
+    turns.append([sft.ROLE_ALIASES.get(message["role"], message["role"]), message["content"]])
+  if not turns:
+    raise ValueError("messages: a conversation needs at least one turn")
+  return sft.render_turns(tokenizer, turns)
+
+
+def tokenizer_for(settings, ckpt: checkpoints.Checkpoint) -> tokenizers.Tokenizer:
+  """The tokenizer that belongs to a checkpoint (a `checkpoints.header` is enough; module docstring)."""
+  if ckpt.tokenizer_file is not None:
+    return tokenizers.load_tokenizer_file(ckpt.tokenizer_file)
+  if settings.data.tokenizer.kind in ("byte", "file"):
+    return tokenizers.build_tokenizer(settings.data)
+  return data_lib.prepare(settings).tokenizer  # a run saved before WORKDIR/tokenizer.model existed
+
+
+# ---- sample.py ----------------------------------------------------------------------------------------
+
+def read_prompts(path: str, field: str = "--prompts") -> list[Union[str, list]]:
+  """Prompts of a file: .txt one per line; .jsonl one object per line with 'prompt' (a string) or
+  'messages' (a conversation). Errors name `field`, the file and the line."""
+  p = Path(path)
+  if not p.is_file():
+    raise FileNotFoundError(f"{field}: {path} does not exist")
+  items: list = []
+  if p.suffix == ".txt":
+    items = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+  elif p.suffix == ".jsonl":
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{field}: {path} line {n}: not valid JSON ({e})") from e
+      if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+        items.append(record["prompt"])
+      elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+        items.append(record["messages"])
+      else:
+        raise ValueError(f"{field}: {path} line {n}: needs a string 'prompt' or a list 'messages'")
+  else:
+    raise ValueError(f"{field}: {path} must be a .txt or .jsonl file")
+  if not items:
+    raise ValueError(f"{field}: {path} holds no prompts")
+  return items
+
+
+def sample_command(checkpoint: str, config: Optional[ml_collections.ConfigDict] = None, *,
+                   prompts_file: Optional[str] = None, out: Optional[str] = None, chat: bool = False,
+                   steps: Optional[int] = None, seed: Optional[int] = None, temperature: Optional[float] = None,
+                   print_fn=print) -> list[Generation]:
+  """What sample.py runs: prompts (the file's, else sample.prompt x sample.num_samples) through `load` and
+  generate / chat; prints each result, writes `out` (JSONL: prompt, text, decoder passes, tokens per pass,
+  seconds) and, for a training run, WORKDIR/samples.txt; sample.trajectory_html gets the first row's
+  first canvas. Prompts are chat turns with --chat, for .jsonl 'messages', and for runs trained on SFT rows."""
+  # Everything that can be wrong with the request fails here, before a weight is read.
+  items = read_prompts(prompts_file) if prompts_file else None
+  header = checkpoints.header(checkpoint)
+  st = call_settings(run_config(header, config), steps=steps, seed=seed, temperature=temperature)
+  tokenizer = tokenizer_for(st, header)
+  as_chat = chat or st.data.format == "sft"
+  if items is None:
+    items = [st.sample.prompt] * st.sample.num_samples
+  ids = [encode_chat(tokenizer, x if isinstance(x, list) else [{"role": "user", "content": x}])
+         if as_chat or isinstance(x, list) else encode_prompt(tokenizer, x) for x in items]
+  texts = [x if isinstance(x, str) else x[-1]["content"] for x in items]
+  if st.sample.infill:
+    raise ConfigError("sample.infill: sample.py does not infill; use dgemma.sampling.generate(..., infill_tokens_BN, "
+                      "infill_mask_BN) or eval.sudoku")
+  if not st.objective.autoregressive:  # the prompts against sample.max_context
+    check_request(st.canvas_sampler, batch=len(ids), prompt_len=max(len(x) for x in ids),
+                  max_new_tokens=st.sample.max_new_tokens)
+  model = load(checkpoint, config=config)
+  live = st.sample.sampler.show == "live" and not model.objective.autoregressive
+  printer = LivePrinter(model.tokenizer.decode, texts, total_steps=st.sample.sampler.max_denoising_steps,
+                        end_ids=st.sample.end_ids) if live else None
+  start = time.perf_counter()
+  results = model._generate(ids, texts, max_new_tokens=None, steps=steps, seed=seed, temperature=temperature,  # pylint: disable=protected-access
+                            return_trajectory=bool(st.sample.trajectory_html), on_step=printer)
+  seconds = time.perf_counter() - start
+  lines = []
+  for b, r in enumerate(results):
+    where = f"step {model.step}, " if model.step is not None else ""
+    lines.append(f"--- sample {b} ({where}{r.num_forwards} decoder passes, {r.tokens_per_forward:.2f} tokens/pass) ---")
+    lines.append(r.prompt + r.text)
+  print_fn("\n".join(lines))
+  if model.checkpoint.kind == "workdir":
+    files.write_text_atomic(Path(checkpoint) / "samples.txt", "\n".join(lines) + "\n")
+  if out:
+    files.write_text_atomic(out, "".join(json.dumps({
+        "prompt": r.prompt, "text": r.text, "decoder_passes": r.num_forwards, "tokens_per_pass": r.tokens_per_forward,
+        "seconds": seconds / len(results)}, ensure_ascii=False) + "\n" for r in results))
+  if st.sample.trajectory_html and results[0].trajectory is not None:
+    write_trajectory_html(results[0].trajectory, model.tokenizer, st.sample.trajectory_html, prompt=results[0].prompt)
+    print_fn(f"trajectory written to {st.sample.trajectory_html}")
+  return results
+
+
+def write_trajectory_html(trajectory: dict, tokenizer, path: str, prompt: str = "") -> None:
+  """Renders one canvas step by step (a Generation.trajectory): the tokens each step produced, accepted
+  ones highlighted."""
+  pieces = [[tokenizer.decode([int(t)]) or "\u00b7" for t in step] for step in trajectory["tokens"]]
+  html = report.trajectory_html(pieces, trajectory["accepted"], trajectory["entropy"],
+                                title="dgemma: one canvas being denoised", prompt=prompt)
+  files.write_text_atomic(path, html)

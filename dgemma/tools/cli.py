@@ -1,0 +1,89 @@
+"""What every dgemma command line shares: absl flag parsing whose config errors are one line naming the
+flag, a config flag that reports a missing file as such, and a main() tail that prints bad input as
+`<prog>: <message>` (exit status 1) instead of a traceback.
+
+  def main(argv):
+    cli.no_extra_args(argv)
+    train_loop.train_and_evaluate(cli.config(_CONFIG), _WORKDIR.value)
+
+  if __name__ == "__main__":
+    cli.run(main, "train.py")
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from absl import app, flags
+
+from dgemma.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
+
+# Errors that are the user's input, not a bug: printed as one line.
+USER_ERRORS = (ConfigError, CheckpointError, DataError, TrainingDiverged, FileNotFoundError, FileExistsError)
+
+
+def _override_flags(argv: Sequence[str]) -> list[str]:
+  """The --config.KEY=VALUE overrides on a command line."""
+  return [a.split("=", 1)[0].lstrip("-") for a in argv[1:] if re.match(r"--?\w+\.\w", a)]
+
+
+def parse_flags(argv: Sequence[str], prog: str):
+  """absl's parser; a config override that names no key or has a bad value becomes one line."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error:
+    raise  # absl prints its usage message
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    missing = str(e).strip("'\" ")
+    overrides = _override_flags(argv)
+    named = [o for o in overrides if missing in o.split(".")] or overrides
+    what = (f"--{named[0]}: no such config key" if isinstance(e, (AttributeError, KeyError)) and named
+            else f"{', '.join('--' + o for o in named)}: {e}" if named else str(e))
+    sys.exit(f"{prog}: {what} (configs/base.py lists every key; mesh.shape has data, fsdp, expert, tensor)")
+
+
+def config(holder):
+  """The value of a config_flags flag; a config file that could not be loaded is a ConfigError naming it."""
+  value = holder.value
+  if value is None:
+    return None
+  try:
+    value.keys()
+  except IOError as e:  # config_flags' _ErrorConfig: the file did not load
+    cause = e.__cause__ or e
+    raise ConfigError(f"--{holder.name}: {cause}") from None
+  return value
+
+
+def load_config_file(spec: str):
+  """'configs/demo.py' or 'configs/x.py:arg' -> its get_config() / get_config(arg), as --config=... reads it
+  (for commands that take a config file name outside absl's config flags)."""
+  path, _, arg = spec.partition(":")
+  if not Path(path).is_file():
+    raise FileNotFoundError(f"config file {path} does not exist")
+  module_spec = importlib.util.spec_from_file_location(f"_dgemma_config_{abs(hash(path))}", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def no_extra_args(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {list(argv[1:])}")
+
+
+def run(main: Callable, prog: str, user_errors: tuple = ()) -> None:
+  """app.run(main) with `parse_flags` and bad input (USER_ERRORS + `user_errors`) as one line."""
+  caught = USER_ERRORS + tuple(user_errors)
+
+  def guarded(argv):
+    try:
+      return main(argv)
+    except caught as e:
+      sys.exit(f"{prog}: {e}")
+
+  app.run(guarded, flags_parser=lambda argv: parse_flags(argv, prog))

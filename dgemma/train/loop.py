@@ -1,0 +1,271 @@
+"""The training loop: `train_and_evaluate(config, workdir)` is what train.py calls.
+
+The step is jitted over a `jax.sharding.Mesh` built from `config.mesh`; parameters are placed by their
+logical axis names and `mesh.axis_rules` (dgemma.train.state), the batch over the batch axes.
+
+Safety, in order (docs/reliability.md):
+  1. Every setting is checked (dgemma.settings) and the data is built before the workdir is created, so a
+     run that fails validation leaves nothing behind.
+  2. Re-running a workdir resumes it. A config whose architecture, fine-tuning layout, optimizer state or
+     tokenizer differs from the saved config.json is an error listing the keys, before anything is written;
+     config.json is replaced (atomically) only once the restore has succeeded.
+  3. A checkpoint that cannot be read is named (step and file). With train.on_corrupt_checkpoint='fallback'
+     (default) it is moved to WORKDIR/corrupt/ (never deleted) and the previous complete step is restored.
+  4. metrics.jsonl drops the rows past the restored step, so a resumed step never has two train rows.
+  5. A non-finite loss, gradient norm or updated state stops training with TrainingDiverged naming the step
+     (train.nonfinite='halt'), or that update is dropped and counted (train.nonfinite='skip', halting after
+     train.max_nonfinite_skips in a row). A non-finite state is never saved, so keep-N rotation never
+     removes the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging as py_logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import flags, logging
+from tqdm import tqdm
+
+from dgemma import data as data_lib
+from dgemma import distributed
+from dgemma import mesh as mesh_lib
+from dgemma import settings as settings_lib
+from dgemma.checkpoints import adapter as adapter_ckpt
+from dgemma.checkpoints import workdir as workdir_ckpt
+from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged
+from dgemma.train import evaluate, metrics as metrics_lib, optimizer as optimizer_lib, state as state_lib, step as step_lib
+
+
+class _QuietOrbax(py_logging.Filter):
+  """Drops Orbax's INFO records (thousands per run) unless --verbosity asks for more than INFO."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    if record.levelno >= py_logging.WARNING or "/orbax/" not in record.pathname.replace("\\", "/"):
+      return True
+    return flags.FLAGS.is_parsed() and flags.FLAGS["verbosity"].value > 0
+
+
+_QUIET_ORBAX = _QuietOrbax()
+
+
+def quiet_orbax() -> None:
+  """Installs the Orbax filter on absl's logger (idempotent)."""
+  logger = py_logging.getLogger("absl")
+  if _QUIET_ORBAX not in logger.filters:
+    logger.addFilter(_QUIET_ORBAX)
+
+
+def prepare_data(settings):
+  """Builds the dataset and tokenizer once (process 0 first on multi-host runs), then opens them."""
+  if jax.process_count() > 1:
+    if jax.process_index() == 0:
+      data_lib.prepare(settings)
+    distributed.process_barrier("dgemma_prepare_data")  # not a device collective: building may take long
+  return data_lib.prepare(settings)
+
+
+def check_resume(workdir: Path, config: ml_collections.ConfigDict) -> None:
+  """Re-running a workdir must keep what its checkpoints were saved with (module docstring, 2)."""
+  if not workdir_ckpt.is_workdir(workdir) or not workdir_ckpt.steps(workdir):
+    return
+  saved = settings_lib.from_json(workdir_ckpt.read_config_json(workdir))
+  diffs = settings_lib.architecture_differences(saved, config)
+  if diffs:
+    raise ConfigError(f"--workdir: {workdir} holds checkpoints of another setup, so it cannot resume with this "
+                      f"config (saved -> new): {'; '.join(diffs)}. Use a new --workdir, or the saved settings")
+
+
+def _copy_tokenizer(workdir: Path, tokenizer) -> None:
+  """The run's SentencePiece model beside its checkpoints (what dgemma.load reads back)."""
+  model_path = getattr(tokenizer, "model_path", None)
+  dest = workdir / workdir_ckpt.TOKENIZER_FILE
+  if model_path is not None and jax.process_index() == 0 and not dest.exists():
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copyfile(model_path, tmp)
+    tmp.replace(dest)
+
+
+def _restore(manager, workdir: Path, settings, abstract_state):
+  """(step, state, data_state) of the checkpoint to resume from, falling back past unreadable steps
+  (module docstring, 3); (None, None, None) for a fresh run."""
+  available = sorted(manager.all_steps())
+  wanted = settings.train.restore_step
+  if not available and wanted < 0:
+    return None, None, None
+  if wanted >= 0 and wanted not in available:
+    raise CheckpointError(f"train.restore_step: step {wanted} not in {workdir_ckpt.checkpoint_dir(workdir)} "
+                          f"(have {available})")
+  candidates = [wanted] if wanted >= 0 else list(reversed(available))
+  for step in candidates:
+    try:
+      state, data_state = workdir_ckpt.restore(manager, step, abstract_state)
+      return step, state, data_state
+    except Exception as e:  # pylint: disable=broad-except  (Orbax / tensorstore / JSON errors of a damaged step)
+      earlier = [s for s in available if s < step]
+      hint = (f"resume from the previous step with train.restore_step={earlier[-1]}, or set "
+              "train.on_corrupt_checkpoint='fallback'" if earlier else "no earlier step is left")
+      error = workdir_ckpt.restore_error(workdir, step, e, hint)
+      if settings.train.on_corrupt_checkpoint == "error" or wanted >= 0:
+        raise error from e
+      if jax.process_index() == 0:
+        moved = workdir_ckpt.move_aside(workdir, step)
+        logging.warning("%s -- moved it to %s; restoring the previous complete step", error, moved)
+      distributed.process_barrier(f"dgemma_moved_aside_{step}")
+      manager.reload()
+  raise CheckpointError(f"--workdir: no checkpoint of {workdir} can be read (each was moved to "
+                        f"{workdir / workdir_ckpt.CORRUPT}); remove the workdir to start afresh")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       stop_after_steps: Optional[int] = None) -> state_lib.TrainState:
+  """Trains (resuming from the latest checkpoint in workdir/checkpoints) and returns the final state.
+
+  `stop_after_steps` ends this run early (as a preemption would) after that many steps of this
+  invocation, saving a checkpoint; the schedule still follows config.train.num_steps.
+  """
+  quiet_orbax()
+  settings = settings_lib.from_config(config)  # bad config -> one clear error, before any work
+  workdir_path = Path(workdir)
+  check_resume(workdir_path, config)
+  if settings.train.init_from:
+    state_lib.check_init_from(settings.train.init_from, settings.model)
+  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh_lib.check_batch_fits_mesh(settings.data.batch_size, settings.opt.grad_accum_steps, mesh,
+                                 settings.mesh.axis_rules)
+  prepared = prepare_data(settings)
+  if prepared.tokenizer.vocab_size > settings.model.vocab_size:
+    raise ConfigError(f"model.vocab_size: {settings.model.vocab_size} is smaller than the tokenizer's "
+                      f"vocabulary ({prepared.tokenizer.vocab_size})")
+  workdir_path.mkdir(parents=True, exist_ok=True)
+  with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):  # activation constraints apply inside
+    return _train(settings, workdir_path, mesh, prepared, stop_after_steps)
+
+
+def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optional[int]) -> state_lib.TrainState:
+  model_cfg, train_cfg = settings.model, settings.train
+  _copy_tokenizer(workdir_path, prepared.tokenizer)
+  num_steps = train_cfg.num_steps
+  schedule = optimizer_lib.make_schedule(settings.opt, num_steps)
+  optimizer = optimizer_lib.make_optimizer(settings.opt, num_steps, settings.finetune)
+  init_fn, abstract_state, state_shardings = state_lib.abstract_train_state(
+      model_cfg, mesh, settings.mesh.axis_rules, optimizer)
+  data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
+
+  manager = workdir_ckpt.make_manager(workdir_path, keep=train_cfg.keep_checkpoints,
+                                      async_save=train_cfg.async_checkpointing)
+  train_iter = data_lib.make_iterator(settings, prepared, "train", shard_index=jax.process_index(),
+                                      shard_count=jax.process_count())
+  restored_step, state, data_state = _restore(manager, workdir_path, settings, abstract_state)
+  if restored_step is not None:
+    data_state = workdir_ckpt.this_process_data_state(data_state)
+    if data_state is not None:
+      train_iter.set_state(data_state)
+    logging.info("Resumed from step %d (%s)", restored_step, workdir_ckpt.checkpoint_dir(workdir_path))
+  elif train_cfg.init_from:
+    state = state_lib.state_from_params_checkpoint(train_cfg.init_from, optimizer, abstract_state, state_shardings,
+                                                   init_fn, jax.random.PRNGKey(settings.seed))
+  else:
+    state, _ = state_lib.create_train_state(model_cfg, mesh, settings.mesh.axis_rules, optimizer,
+                                            jax.random.PRNGKey(settings.seed))
+  if jax.process_index() == 0:  # only now: a failed restore leaves the saved config as it was
+    workdir_ckpt.write_config_json(workdir_path, settings.config_json)
+  writer = metrics_lib.MetricWriter(workdir_path)
+  writer.truncate_after(restored_step or 0)
+
+  base_rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), 1)
+  eval_rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), 2)
+  skip_nonfinite = train_cfg.nonfinite == "skip"
+  train_step = jax.jit(step_lib.make_train_step(model_cfg, settings.diffusion, optimizer, schedule,
+                                                grad_accum_steps=settings.opt.grad_accum_steps,
+                                                finetune_cfg=settings.finetune, skip_nonfinite=skip_nonfinite),
+                       in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
+                       donate_argnums=(0,))
+  eval_step = jax.jit(step_lib.make_eval_step(model_cfg, settings.diffusion),
+                      in_shardings=(state_shardings.params, data_sharding, None))
+  if jax.process_count() > 1:
+    # Compile both steps first, then wait for every process: the first cross-process collective
+    # must start everywhere within gloo's 30 s connect timeout, and compile times differ.
+    batch_spec = {k: jax.ShapeDtypeStruct((settings.data.batch_size, settings.data.seq_len), jnp.int32,
+                                          sharding=data_sharding) for k in ("tokens", "segment_ids", "positions")}
+    train_step = train_step.lower(abstract_state, batch_spec, base_rng).compile()
+    eval_step = eval_step.lower(abstract_state.params, batch_spec, eval_rng).compile()
+    distributed.process_barrier("dgemma_steps_compiled")
+
+  start_step = int(state.step)
+  end_step = num_steps if stop_after_steps is None else min(num_steps, start_step + stop_after_steps)
+  tokens_per_step = settings.data.batch_size * settings.data.seq_len
+  bar = None
+  if train_cfg.progress_bar and jax.process_index() == 0:
+    bar = tqdm(total=num_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+  window_start, window_steps, pending = time.perf_counter(), 0, []
+  skips_in_a_row = 0
+  last_saved = restored_step
+  try:
+    for step in range(start_step, end_step):
+      batch = step_lib.device_batch(next(train_iter), data_sharding)
+      state, metrics = train_step(state, batch, base_rng)
+      done = step + 1
+      if float(metrics["nonfinite"]):  # one scalar to the host per step: nothing non-finite goes further
+        skips_in_a_row += 1
+        what = ", ".join(f"{k}={float(metrics[k]):.4g}" for k in ("loss", "grad_norm"))
+        kept = f"the last checkpoint (step {last_saved}) is kept" if last_saved else "no checkpoint was saved yet"
+        if not skip_nonfinite:
+          raise TrainingDiverged(f"train step {done}: non-finite loss, gradient norm or updated state ({what}); "
+                                 f"training stopped before saving it ({kept}). Lower opt.lr, check the data, or "
+                                 "set train.nonfinite='skip' to drop such updates")
+        if skips_in_a_row >= train_cfg.max_nonfinite_skips:
+          raise TrainingDiverged(f"train step {done}: {skips_in_a_row} non-finite updates in a row were skipped "
+                                 f"(train.max_nonfinite_skips={train_cfg.max_nonfinite_skips}; {what}); {kept}")
+        logging.warning("train step %d: non-finite update skipped (%s)", done, what)
+      else:
+        skips_in_a_row = 0
+      pending.append(metrics)
+      window_steps += 1
+      if done % train_cfg.log_every == 0 or done == end_step:
+        window = _window_metrics(pending, window_steps * tokens_per_step / max(time.perf_counter() - window_start,
+                                                                               1e-9), skip_nonfinite)
+        writer.write(done, window)
+        if bar is not None:
+          bar.set_postfix(loss=f"{window['loss']:.3f}", tok_s=f"{window['tokens_per_sec']:.0f}")
+        window_start, window_steps, pending = time.perf_counter(), 0, []
+      if bar is not None:
+        bar.update(1)
+      if done % train_cfg.eval_every == 0 or done == num_steps:
+        eval_iter = data_lib.make_iterator(settings, prepared, settings.eval.split, shard_index=jax.process_index(),
+                                           shard_count=jax.process_count())
+        writer.write(done, evaluate.validation_metrics(eval_step, state.params, eval_iter, train_cfg.eval_batches,
+                                                       data_sharding, eval_rng), prefix="eval")
+        window_start = time.perf_counter()  # do not count evaluation in tokens/s
+      if done % train_cfg.ckpt_every == 0 or done == end_step:
+        workdir_ckpt.save(manager, done, state, workdir_ckpt.all_process_data_states(train_iter.get_state()))
+        last_saved = done
+  finally:
+    manager.wait_until_finished()
+    manager.close()
+    writer.close()
+    if bar is not None:
+      bar.close()
+  if settings.finetune.mode != "full" and settings.finetune.save_adapter and int(state.step) == num_steps:
+    adapter_ckpt.save_adapter(workdir_path / adapter_ckpt.ADAPTER_DIR, state.params, model_cfg, settings.finetune,
+                              base=train_cfg.init_from, step=int(state.step))
+  return state
+
+
+def _window_metrics(pending: list, tokens_per_sec: float, skip_nonfinite: bool) -> dict[str, float]:
+  """The mean of each metric over a logging window; with skipped (non-finite) steps, over the others,
+  plus their count as nonfinite_skips."""
+  host = [jax.device_get(m) for m in pending]
+  kept = [m for m in host if not float(m["nonfinite"])] if skip_nonfinite else host
+  out = {k: float(np.mean([m[k] for m in kept])) if kept else math.nan for k in host[-1] if k != "nonfinite"}
+  out["tokens_per_sec"] = tokens_per_sec
+  if skip_nonfinite:
+    out["nonfinite_skips"] = float(len(host) - len(kept))
+  return out

@@ -1,0 +1,111 @@
+"""The training state: parameters and optimizer state placed on the mesh by their logical axis names
+(flax lm1b `setup_initial_state` style), created fresh, or from a params checkpoint (`train.init_from`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from dgemma import settings as settings_lib
+from dgemma.checkpoints import params as params_ckpt
+from dgemma.errors import ConfigError
+from dgemma.model import ModelConfig, Transformer
+from dgemma.model import lora
+from dgemma.model.sharding import place, unbox
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def abstract_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer) -> tuple[Callable, Any, Any]:
+  """Returns (init_fn(rng) -> boxed TrainState, abstract unboxed state, state shardings), allocating nothing."""
+  model = Transformer(model_cfg)
+  tok = jnp.zeros((1, 1), jnp.int32)  # parameter shapes do not depend on the sequence length
+
+  def init_fn(rng):
+    with nn.logical_axis_rules(()):  # no activation constraints while initialising (out_shardings place params)
+      params = model.init(rng, tok, tok, tok, tok, tok, tok)["params"]
+    opt_state = optimizer.init(params)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+
+  boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+  # optax.masked (frozen leaves) leaves boxes around empty MaskedNodes: they hold no array, drop the box.
+  boxed = jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) and not jax.tree.leaves(x.value) else x,
+                       boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  abstract, shardings = place(boxed, mesh, axis_rules)
+  return init_fn, abstract, shardings
+
+
+def param_partition_specs(model_cfg: ModelConfig, mesh: Mesh, axis_rules) -> dict[str, str]:
+  """{parameter path: its PartitionSpec on `mesh`} as strings, from the logical axis names and
+  the axis rules (jax.eval_shape: nothing is allocated). tests/golden/partition_specs.json."""
+  optimizer = optax.sgd(1.0)  # stateless: only the params' shardings are wanted
+  _, abstract, _ = abstract_train_state(model_cfg, mesh, axis_rules, optimizer)
+  return {jax.tree_util.keystr(path): str(leaf.sharding.spec)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(abstract.params)}
+
+
+def create_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer, rng) -> tuple[TrainState, Any]:
+  init_fn, _, shardings = abstract_train_state(model_cfg, mesh, axis_rules, optimizer)
+  state = jax.jit(lambda r: unbox(init_fn(r)), out_shardings=shardings)(rng)
+  return state, shardings
+
+
+def check_init_from(path: str, model_cfg: ModelConfig) -> None:
+  """train.init_from names a dgemma params checkpoint whose architecture equals the run's."""
+  path = Path(path)
+  if not (path / params_ckpt.MODEL_CONFIG).exists():
+    raise FileNotFoundError(f"train.init_from: {path} is not a dgemma params checkpoint (no "
+                            f"{params_ckpt.MODEL_CONFIG}; make one with python -m dgemma.tools.convert --from_hf DIR "
+                            f"--to {path})")
+  saved = ModelConfig.from_config_dict(json.loads((path / params_ckpt.MODEL_CONFIG).read_text()))
+  diffs = settings_lib.model_differences(saved, model_cfg)
+  if diffs:
+    raise ConfigError(f"train.init_from: the run's architecture differs from the checkpoint {path} "
+                      f"(checkpoint -> run): {'; '.join(diffs)}")
+
+
+def state_from_params_checkpoint(path: str, optimizer, abstract_state, shardings, init_fn=None,
+                                 rng=None) -> TrainState:
+  """Step-0 state from converted / exported params (e.g. an imported Gemma 4 AR model, for AR ->
+  diffusion adaptation) and a fresh optimizer state; params cast to model.param_dtype.
+
+  LoRA adapters (finetune.mode lora / head_only) that the checkpoint lacks start from `init_fn(rng)`
+  (B = 0: the run starts exactly at the checkpoint's model); every other tensor must be there."""
+  params_np, _ = params_ckpt.load_params(path)
+  expected = abstract_state.params
+  got_paths = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(params_np)}
+  fresh_names = set()
+  for p, leaf in jax.tree_util.tree_leaves_with_path(expected):
+    name = jax.tree_util.keystr(p)
+    if name not in got_paths and lora.is_adapter(str(p[-1].key)) and init_fn is not None:
+      fresh_names.add(name)
+      continue
+    if name not in got_paths:
+      raise ValueError(f"train.init_from: {path} has no tensor {name} (expected shape {leaf.shape})")
+    if tuple(got_paths[name].shape) != tuple(leaf.shape):
+      raise ValueError(f"train.init_from: {name} has shape {tuple(got_paths[name].shape)}, expected {leaf.shape}")
+  if fresh_names:
+    # Only the missing adapters are outputs, so XLA initialises nothing else.
+    pick = lambda tree: {n: v for n, v in ((jax.tree_util.keystr(p), v) for p, v in
+                                           jax.tree_util.tree_leaves_with_path(tree)) if n in fresh_names}
+    fresh = jax.jit(lambda r: pick(nn.unbox(init_fn(r)).params))(rng)
+    got_paths.update(jax.device_get(fresh))
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, s: jax.device_put(np.asarray(got_paths[jax.tree_util.keystr(p)]).astype(s.dtype), s.sharding),
+      expected)
+  opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)

@@ -1,0 +1,109 @@
+"""The jitted steps: one optimizer update (with gradient accumulation, frozen leaves, and the guard against
+a non-finite loss, gradient or state) and one validation batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding
+
+from dgemma import finetune
+from dgemma.diffusion import loss as diffusion_loss_lib
+from dgemma.model import ModelConfig
+from dgemma.train.state import TrainState
+
+
+def all_finite(tree) -> jax.Array:
+  """Whether every floating-point leaf of `tree` is finite (a bool scalar)."""
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def accumulate_gradients(loss_fn: Callable, params, batch: dict, rng: jax.Array, loss_cfg, num_micro: int):
+  """(metrics, grads) of the whole batch, computed over `num_micro` micro-batches with a scan.
+
+  Micro-batch j holds rows j, j + k, j + 2k, ... (k = num_micro), so on a batch-sharded mesh every
+  device keeps working on its own rows. Noise is drawn per global row index and losses are divided by
+  whole-batch token counts, so the summed micro-batch gradients equal the whole-batch gradient (up to
+  fp32 round-off). loss_fn(params, batch, rng, example_ids_B=, totals=) -> (loss, metrics).
+  """
+  batch_size = batch["tokens"].shape[0]
+  totals = diffusion_loss_lib.batch_totals(batch, loss_cfg)
+  grad_fn = jax.value_and_grad(functools.partial(loss_fn, totals=totals), has_aux=True)
+  ids_B = jnp.arange(batch_size, dtype=jnp.int32)
+  if num_micro == 1:
+    (_, metrics), grads = grad_fn(params, batch, rng, example_ids_B=ids_B)
+    return metrics, grads
+  interleave = lambda x: jnp.swapaxes(x.reshape(batch_size // num_micro, num_micro, *x.shape[1:]), 0, 1)
+  micro = jax.tree.map(interleave, batch)
+  micro_ids = interleave(ids_B)
+
+  def body(carry, xs):
+    mb, ids = xs
+    (_, m), g = grad_fn(params, mb, rng, example_ids_B=ids)
+    return jax.tree.map(lambda c, x: c + x.astype(c.dtype), carry, (m, g)), None
+
+  (_, m_shape), g_shape = jax.eval_shape(lambda: grad_fn(params, jax.tree.map(lambda x: x[0], micro), rng,
+                                                         example_ids_B=micro_ids[0]))
+  acc_dtype = lambda s: jnp.float32 if jnp.issubdtype(s.dtype, jnp.floating) else s.dtype  # fp32 sums
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, acc_dtype(s)), (m_shape, g_shape))
+  (metrics, grads), _ = jax.lax.scan(body, zeros, (micro, micro_ids))
+  return metrics, jax.tree.map(lambda g, s: g.astype(s.dtype), grads, g_shape)
+
+
+def make_train_step(model_cfg: ModelConfig, loss_cfg, optimizer, schedule: optax.Schedule,
+                    grad_accum_steps: int = 1, finetune_cfg=None, skip_nonfinite: bool = False):
+  """The jittable step (state, batch, base_rng) -> (state, metrics).
+
+  With frozen parameters (`finetune_cfg`, dgemma/finetune.py) gradients are taken only w.r.t. the
+  trainable leaves (grad_norm is theirs) and frozen leaves pass through as is.
+  metrics['nonfinite'] is 1.0 when the loss, the gradient norm or the updated state is not finite. With
+  `skip_nonfinite` such an update is dropped (params and optimizer state stay, the step counter moves on:
+  train.nonfinite='skip'); otherwise the state is updated regardless and the loop halts on the flag."""
+  has_frozen = finetune.has_frozen(finetune_cfg)
+
+  def train_step(state: TrainState, batch: dict, base_rng: jax.Array):
+    rng = jax.random.fold_in(base_rng, state.step)
+    loss_fn = functools.partial(diffusion_loss_lib.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg)
+    if not has_frozen:
+      metrics, grads = accumulate_gradients(loss_fn, state.params, batch, rng, loss_cfg, grad_accum_steps)
+      grad_norm = optax.tree.norm(grads)
+    else:
+      mask = finetune.trainable_mask(state.params, finetune_cfg)
+      trainable, frozen = finetune.split(state.params, mask)
+      on_trainable = lambda t, *a, **k: loss_fn(finetune.join(t, frozen), *a, **k)
+      metrics, grads = accumulate_gradients(on_trainable, trainable, batch, rng, loss_cfg, grad_accum_steps)
+      grad_norm = optax.tree.norm(grads)
+      # set_to_zero ignores these zeros (XLA drops them); the tree must match params for optax.
+      grads = finetune.join(grads, jax.tree.map(lambda p: None if p is None else jnp.zeros_like(p), frozen,
+                                                is_leaf=lambda x: x is None))
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    if has_frozen:
+      params = jax.tree.map(lambda m, new, old: new if m else old, mask, params, state.params)
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & all_finite((params, opt_state))
+    if skip_nonfinite:
+      params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (params, opt_state),
+                                       (state.params, state.opt_state))
+    metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step),
+                   nonfinite=1.0 - finite.astype(jnp.float32))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return train_step
+
+
+def make_eval_step(model_cfg: ModelConfig, loss_cfg):
+  def eval_step(params, batch, rng):
+    _, metrics = diffusion_loss_lib.diffusion_loss(params, batch, rng, model_cfg=model_cfg, loss_cfg=loss_cfg,
+                                                   eval_metrics=True)
+    return metrics
+  return eval_step
+
+
+def device_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}

@@ -1,0 +1,246 @@
+"""The front door (dgemma/api.py): `dgemma.load` any checkpoint kind, then generate / chat / score, against
+the lower-level functions on the same params and key; the tokenizer that belongs to the weights; sample.py
+on a converted checkpoint end to end."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+import dgemma
+from dgemma import api, checkpoints, quant, tokenizers
+from dgemma import settings as settings_lib
+from dgemma.checkpoints import hf
+from dgemma.data import sft
+from dgemma.errors import ConfigError
+from dgemma.model import Transformer
+from dgemma.sampling import generate
+from eval import likelihood as eval_likelihood
+from configs.models import tiny
+from dgemma.model import ModelConfig
+from tests.model_utils import save_random_hf
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB = 320  # the tiny HF model's vocabulary = the test tokenizers' size
+_WORDS = "the king queen crown love death fair foul heart speak hence thou thee lord lady night day".split()
+
+
+def _corpus(n=400):
+  rng = np.random.default_rng(0)
+  return [" ".join(rng.choice(_WORDS, 8)) for _ in range(n)]
+
+
+def _sentencepiece(path: Path) -> Path:
+  """A SentencePiece model with Gemma's special ids (pad 0, eos 1, bos 2, unk 3) and chat turn pieces."""
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(_corpus()), model_prefix=str(path.with_suffix("")), vocab_size=VOCAB,
+      pad_id=0, eos_id=1, bos_id=2, unk_id=3, byte_fallback=True, hard_vocab_limit=False,
+      user_defined_symbols=[tokenizers.TURN_START, tokenizers.TURN_END], minloglevel=2)
+  return path
+
+
+def _tokenizer_json(path: Path) -> Path:
+  """A Hugging Face tokenizer.json (byte-level BPE) with <pad>, <eos>, <bos>, <unk> as ids 0-3."""
+  import tokenizers as hf_tokenizers
+  tok = hf_tokenizers.Tokenizer(hf_tokenizers.models.BPE(unk_token="<unk>"))
+  tok.pre_tokenizer = hf_tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = hf_tokenizers.decoders.ByteLevel()
+  trainer = hf_tokenizers.trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
+                                              initial_alphabet=hf_tokenizers.pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(_corpus(), trainer)
+  tok.save(str(path))
+  return path
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+  """Two tiny random HF DiffusionGemma directories: one with tokenizer.model, one with only tokenizer.json."""
+  root = tmp_path_factory.mktemp("hf")
+  cfg = ModelConfig.from_config_dict(dict(tiny.get_config(), vocab_size=VOCAB))
+  sp_dir, json_dir = save_random_hf(cfg, root / "sp"), save_random_hf(cfg, root / "json")
+  _sentencepiece(sp_dir / "tokenizer.model")
+  _tokenizer_json(json_dir / "tokenizer.json")
+  return sp_dir, json_dir
+
+
+@pytest.fixture(scope="module")
+def loaded(hf_dirs, tmp_path_factory):
+  """The SentencePiece HF directory loaded directly, and after conversion."""
+  sp_dir, _ = hf_dirs
+  converted = tmp_path_factory.mktemp("ckpt") / "dgemma"
+  hf.import_hf(sp_dir, converted)
+  return dgemma.load(str(sp_dir)), dgemma.load(str(converted)), converted
+
+
+def _pad(ids, pad_id):
+  lengths = np.asarray([len(x) for x in ids], np.int32)
+  out = np.full((len(ids), lengths.max()), pad_id, np.int32)
+  for b, x in enumerate(ids):
+    out[b, :len(x)] = x
+  return out, lengths
+
+
+def test_loads_an_hf_directory_directly_and_converted_with_its_tokenizer(loaded):
+  direct, converted, path = loaded
+  assert direct.checkpoint.kind == "hf" and converted.checkpoint.kind == "params"
+  assert (path / "tokenizer.model").is_file()  # convert copies the tokenizer beside the weights
+  for model in (direct, converted):
+    assert isinstance(model.tokenizer, tokenizers.SentencePieceTokenizer)
+    assert model.settings.diffusion.canvas_len == 8  # the HF config's canvas length
+    assert model.settings.sample.end_ids == (1, model.tokenizer.piece_id(tokenizers.TURN_END))  # EOS and <turn|>
+  for a, b in zip(jax.tree.leaves(direct.params), jax.tree.leaves(converted.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_generate_a_batch_of_prompts_equals_the_low_level_generate(loaded):
+  model = loaded[0]
+  prompts = ["the king speaks of love and death", "hence"]
+  outs = model.generate(prompts, max_new_tokens=16, steps=3, seed=7)
+  ids = [model.prompt_ids(p) for p in prompts]
+  prompts_BP, lengths_B = _pad(ids, model.tokenizer.pad_id)
+  sampler = model.call_settings(max_new_tokens=16, steps=3).sample.sampler
+  ref = jax.device_get(generate(Transformer(model.model_cfg), model.params, prompts_BP, lengths_B, sampler,
+                                jax.random.key(7), 16))
+  for b, out in enumerate(outs):
+    assert out.prompt == prompts[b]
+    assert out.token_ids == ref.tokens_BN[b, :ref.lengths_B[b]].tolist()
+    assert out.num_forwards == int(ref.num_forwards_B[b])
+    assert out.text == model.tokenizer.decode(out.token_ids[:-1] if out.ended else out.token_ids)
+  assert isinstance(model.generate(prompts[1], max_new_tokens=16, steps=3, seed=7), api.Generation)
+
+
+def test_chat_renders_turns_and_equals_the_low_level_generate(loaded):
+  model = loaded[0]
+  conversation = [{"role": "user", "content": "speak of love"}, {"role": "assistant", "content": "thou art fair"},
+                  {"role": "user", "content": "and death?"}]
+  out = model.chat(conversation, max_new_tokens=16, steps=3, seed=1)
+  start, end = tokenizers.chat_turn_ids(model.tokenizer)
+  ids = sft.render_turns(model.tokenizer, [["user", "speak of love"], ["model", "thou art fair"], ["user", "and death?"]])
+  assert ids.count(start) == 4 and ids.count(end) == 3  # three closed turns, the model's opened
+  assert model.chat_ids(conversation) == ids
+  sampler = model.call_settings(max_new_tokens=16, steps=3).sample.sampler
+  ref = jax.device_get(generate(Transformer(model.model_cfg), model.params, np.asarray([ids]), np.asarray([len(ids)]),
+                                sampler, jax.random.key(1), 16))
+  assert out.token_ids == ref.tokens_BN[0, :ref.lengths_B[0]].tolist()
+  both = model.chat([conversation, conversation[:1]], max_new_tokens=16, steps=3, seed=1)  # a batch of chats
+  assert len(both) == 2 and all(x.num_forwards > 0 for x in both)
+
+
+def test_streaming_calls_back_per_step_and_per_canvas(loaded):
+  model = loaded[0]
+  steps, canvases = [], []
+  out = model.generate("the king", max_new_tokens=16, steps=3, seed=2, on_step=steps.append, on_canvas=canvases.append)
+  assert len(steps) == out.num_forwards  # one view per executed denoising step of the row
+  assert [c.canvas_idx for c in canvases] == list(range(len(canvases))) and 1 <= len(canvases) <= 2
+  assert sum((c.token_ids[0] for c in canvases), [])[:len(out.token_ids)] == out.token_ids
+
+
+def test_score_equals_eval_likelihood(loaded, tmp_path):
+  model, _, _ = loaded
+  texts = ["the king speaks of love and death", "thou art fair and foul"]
+  (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+  config = api.run_config(checkpoints.header(model.path))
+  config.eval.data, config.eval.num_t_samples = str(tmp_path / "texts.txt"), 2
+  cli = eval_likelihood.run(model.path, config, print_fn=lambda *_: None)
+  scored = model.score(texts, num_t_samples=2)
+  for key in ("nats_per_token", "bits_per_byte", "perplexity", "tokens", "total_nats", "nats_per_token_se"):
+    assert scored[key] == cli[key], key
+
+
+def test_tokenizer_json_only(hf_dirs, tmp_path):
+  _, json_dir = hf_dirs
+  model = dgemma.load(str(json_dir))
+  assert isinstance(model.tokenizer, tokenizers.JsonTokenizer)
+  text = "the queen speaks"
+  assert model.tokenizer.decode(model.tokenizer.encode(text)) == text
+  assert model.prompt_ids(text)[0] == model.tokenizer.bos_id == 2
+  out = model.generate(text, max_new_tokens=8, steps=2)
+  assert out.num_forwards > 0
+  hf.import_hf(json_dir, tmp_path / "ckpt")
+  assert checkpoints.header(tmp_path / "ckpt").tokenizer_file.name == "tokenizer.json"
+
+
+def test_load_options_dtype_and_quantize(hf_dirs):
+  sp_dir, _ = hf_dirs
+  bf16 = dgemma.load(str(sp_dir), dtype="bfloat16")
+  assert {x.dtype for x in jax.tree.leaves(bf16.params)} == {np.dtype("bfloat16")}
+  assert bf16.model_cfg.dtype == "bfloat16"
+  int8 = dgemma.load(str(sp_dir), quantize="int8")
+  assert any(quant.is_quantized(x) for x in jax.tree.leaves(int8.params, is_leaf=quant.is_quantized))
+  assert int8.generate("the", max_new_tokens=8, steps=2).num_forwards > 0
+  with pytest.raises(ConfigError, match="sample.quantize"):
+    dgemma.load(str(sp_dir), quantize="int3")
+
+
+def test_a_run_is_loaded_with_its_own_tokenizer_without_building_data(tmp_path, monkeypatch):
+  """A SentencePiece run keeps its trained tokenizer in the workdir; loading it builds no dataset."""
+  from configs import tiny_test
+  from dgemma.train import loop
+  config = tiny_test.get_config()
+  (tmp_path / "toy.txt").write_text("\n".join(_corpus(200)) + "\n")
+  config.data.source, config.data.files, config.data.cache_dir = "files", (str(tmp_path / "toy.txt"),), str(tmp_path / "c")
+  config.data.tokenizer.kind, config.data.tokenizer.vocab_size = "sentencepiece", VOCAB
+  config.model.vocab_size = VOCAB
+  config.train.num_steps, config.opt.warmup_steps, config.train.async_checkpointing = 1, 0, False
+  loop.train_and_evaluate(config, str(tmp_path / "wd"))
+  assert (tmp_path / "wd" / "tokenizer.model").is_file()
+  from dgemma import data
+  monkeypatch.setattr(data, "prepare", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built the dataset")))
+  model = dgemma.load(str(tmp_path / "wd"))
+  assert isinstance(model.tokenizer, tokenizers.SentencePieceTokenizer) and model.step == 1
+  assert model.tokenizer.encode("the king") == tokenizers.SentencePieceTokenizer(
+      tmp_path / "wd" / "tokenizer.model").encode("the king")
+
+
+def test_an_autoregressive_model_generates_with_the_ar_decoder(loaded):
+  from dgemma.sampling import ar_generate
+  _, converted, path = loaded
+  config = api.run_config(checkpoints.header(path))
+  config.diffusion.objective = "ar"
+  model = dgemma.load(str(path), config=config)
+  out = model.generate("the king", max_new_tokens=6, temperature=0.0)
+  ids = model.prompt_ids("the king")
+  tokens, lengths = jax.device_get(ar_generate(Transformer(model.model_cfg), model.params, np.asarray([ids]),
+                                               np.asarray([len(ids)]), jax.random.key(0), 6, 0.0,
+                                               model.settings.sample.end_ids, pad_id=model.tokenizer.pad_id))
+  assert out.token_ids == tokens[0, :lengths[0]].tolist() and out.num_forwards == len(out.token_ids)
+
+
+def test_bad_requests_fail_before_weights_are_read(loaded, monkeypatch):
+  model = loaded[0]
+  with pytest.raises(ConfigError, match=r"--steps"):
+    model.generate("x", steps=0)
+  with pytest.raises(ConfigError, match=r"sample\.lol"):
+    model.generate("x", lol=1)
+  with pytest.raises(ValueError, match=r"messages\[0\]"):
+    model.chat([{"role": "user"}])
+  monkeypatch.setattr(checkpoints, "load", lambda *a, **k: (_ for _ in ()).throw(AssertionError("read weights")))
+  with pytest.raises(ConfigError, match="sample.t_max"):
+    config = api.run_config(checkpoints.header(model.path))
+    config.sample.t_max = -1.0
+    dgemma.load(model.path, config=config)
+
+
+@pytest.mark.slow  # a subprocess
+def test_sample_py_on_a_converted_checkpoint_with_prompts_and_out(loaded, tmp_path):
+  _, _, path = loaded
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text(json.dumps({"prompt": "the king"}) + "\n"
+                     + json.dumps({"messages": [{"role": "user", "content": "speak"}]}) + "\n")
+  out = tmp_path / "out.jsonl"
+  r = subprocess.run([sys.executable, "sample.py", f"--checkpoint={path}", f"--prompts={prompts}", f"--out={out}",
+                      "--steps=2", "--seed=3"], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  records = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r["prompt"] for r in records] == ["the king", "speak"]
+  assert all(set(r) == {"prompt", "text", "decoder_passes", "tokens_per_pass", "seconds"} for r in records)
+  assert all(r["decoder_passes"] > 0 for r in records)
+  bad = subprocess.run([sys.executable, "sample.py", f"--checkpoint={path}", "--temperature=-1"], cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+  assert bad.returncode != 0 and "sample.py: --temperature: must be > 0" in bad.stderr
+  assert "Traceback" not in bad.stderr

@@ -1,0 +1,95 @@
+"""dgemma/checkpoints/: one `kind` for every format, metadata without weights, and params-only loading."""
+
+import json
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from dgemma import checkpoints
+from dgemma import mesh as mesh_lib
+from dgemma import settings as settings_lib
+from dgemma.checkpoints import adapter, params as params_ckpt, workdir as workdir_ckpt
+from dgemma.errors import CheckpointError
+from dgemma.train import loop, optimizer as optimizer_lib, state as state_lib
+from configs.models import tiny
+from dgemma.model import ModelConfig
+from tests.model_utils import save_random_hf
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """A 2-step tiny run (its workdir and config)."""
+  from configs import tiny_test
+  from tests.conftest import write_corpus
+  tmp = tmp_path_factory.mktemp("run")
+  config = tiny_test.get_config()
+  config.data.source, config.data.files = "files", (str(write_corpus(tmp / "toy.txt")),)
+  config.data.cache_dir = str(tmp / "cache")
+  config.train.num_steps, config.train.async_checkpointing = 2, False
+  loop.train_and_evaluate(config, str(tmp / "wd"))
+  return tmp / "wd", config
+
+
+def test_kind_tells_every_format_apart(run, tmp_path):
+  wd, config = run
+  assert checkpoints.kind(wd) == "workdir"
+  ckpt = checkpoints.load(wd)
+  params_ckpt.save_params(tmp_path / "params", jax.device_get(ckpt.params), ckpt.model.to_dict())
+  assert checkpoints.kind(tmp_path / "params") == "params"
+  params_ckpt.save_params(tmp_path / "adapter", {"a": np.zeros(1, np.float32)}, ckpt.model.to_dict(),
+                          extra_json={adapter.ADAPTER_CONFIG: {"mode": "lora", "base": str(tmp_path / "params"),
+                                                               "lora": {}, "step": 1}})
+  assert checkpoints.kind(tmp_path / "adapter") == "adapter"
+  hf_dir = save_random_hf(ModelConfig.from_config_dict(tiny.get_config()), tmp_path / "hf")
+  assert checkpoints.kind(hf_dir) == "hf"
+  (tmp_path / "other").mkdir()
+  with pytest.raises(FileNotFoundError, match=r"--checkpoint: .*other is none of: a training workdir"):
+    checkpoints.kind(tmp_path / "other")
+  with pytest.raises(FileNotFoundError, match=r"eval\.reference: .*missing does not exist"):
+    checkpoints.kind(tmp_path / "missing", "eval.reference")
+
+
+def test_header_reads_no_weights(run, monkeypatch):
+  wd, config = run
+  boom = lambda *a, **k: (_ for _ in ()).throw(AssertionError("read weights"))
+  monkeypatch.setattr(workdir_ckpt, "restore_params", boom)
+  monkeypatch.setattr(ocp.PyTreeCheckpointer, "restore", boom)
+  head = checkpoints.header(wd)
+  assert head.params is None and head.step == 2 and head.kind == "workdir"
+  assert head.model == settings_lib.from_config(config).model
+  assert json.loads(head.config_json)["train"]["num_steps"] == 2
+
+
+def test_loading_a_run_reads_params_only(run, monkeypatch):
+  """Sampling restores the params, never Adam's moments: every array the restore deserializes is a
+  params leaf (and the full resume restore, through the same spy, does read the optimizer state)."""
+  wd, config = run
+  read = []
+  original = ocp.type_handlers.ArrayHandler.deserialize
+
+  def spy(self, infos, args=None):
+    read.extend(info.name for info in infos)
+    return original(self, infos, args)
+
+  monkeypatch.setattr(ocp.type_handlers.ArrayHandler, "deserialize", spy)
+  ckpt = checkpoints.load(wd)
+  assert read and all(name.startswith("params.") for name in read), read[:5]
+  assert len(read) == len(jax.tree.leaves(ckpt.params))
+  read.clear()
+  settings = settings_lib.from_config(config)
+  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
+  _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer)
+  manager = workdir_ckpt.make_manager(wd, read_only=True, async_save=False)
+  workdir_ckpt.restore(manager, 2, abstract, with_data=False)
+  assert any(name.startswith("opt_state.") for name in read)
+
+
+def test_unknown_step_names_the_steps_there(run):
+  wd, _ = run
+  with pytest.raises(CheckpointError, match=r"sample\.checkpoint_step: step 7 not in .*have \[1, 2\]|have \[2\]"):
+    checkpoints.load(wd, step=7)
+  with pytest.raises(CheckpointError, match="has no training steps"):
+    checkpoints.load(save_random_hf(ModelConfig.from_config_dict(tiny.get_config()), wd.parent / "hf_for_step"), step=3)

@@ -1,0 +1,126 @@
+"""The tree keeps its shape (docs/architecture.md): no import cycle in dgemma/, imports that only go down
+the layers, lower layers that never import the config boundary, and a README table that matches the tree."""
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# docs/architecture.md's layers, by top-level module of dgemma.
+LAYERS = {
+    "dgemma.errors": 0, "dgemma.files": 0,
+    "dgemma.model": 1, "dgemma.tokenizers": 1,
+    "dgemma.diffusion": 2, "dgemma.quant": 2, "dgemma.finetune": 2, "dgemma.mesh": 2, "dgemma.distributed": 2,
+    "dgemma.data": 2,
+    "dgemma.sampling": 3,
+    "dgemma.settings": 4,
+    "dgemma.checkpoints": 5,
+    "dgemma.train": 6,
+    "dgemma.report": 7, "dgemma.api": 7,
+    "dgemma.tools": 8, "dgemma": 8,
+}
+
+
+def _modules() -> dict[str, Path]:
+  out = {}
+  for path in (REPO / "dgemma").rglob("*.py"):
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+      parts = parts[:-1]
+    out[".".join(parts)] = path
+  return out
+
+
+def _imports(path: Path, module: str, is_package: bool) -> set[str]:
+  """Every dgemma module `path` imports, at module level or inside a function (as the shared
+  import-cycle tool counts them): `import a.b.c` is an edge to a, a.b and a.b.c."""
+  targets = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    names = []
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        stem = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+      else:
+        stem = node.module or ""
+      names = [stem] + [f"{stem}.{a.name}" for a in node.names]
+    for name in names:
+      parts = name.split(".")
+      targets.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+  return targets
+
+
+def _graph() -> dict[str, set[str]]:
+  mods = _modules()
+  graph = {}
+  for module, path in mods.items():
+    graph[module] = {t for t in _imports(path, module, path.name == "__init__.py")
+                     if t in mods and t != module and not module.startswith(t + ".")}
+  return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+  """Strongly connected sets of more than one module (Tarjan)."""
+  index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in graph[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = set()
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.add(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        out.append(component)
+
+  for v in graph:
+    if v not in index:
+      visit(v)
+  return out
+
+
+def _top(module: str) -> str:
+  return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycles():
+  assert _cycles(_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+  assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+def test_imports_only_go_down_the_layers():
+  graph = _graph()
+  assert set(map(_top, graph)) <= set(LAYERS), set(map(_top, graph)) - set(LAYERS)
+  upward = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
+                  if _top(t) != _top(m) and LAYERS[_top(t)] > LAYERS[_top(m)])
+  assert upward == []
+
+
+def test_readme_table_matches_the_tree():
+  readme = (REPO / "README.md").read_text()
+  table = readme.split("## Where things live", 1)[1].split("\n## ", 1)[0]
+  named = set(re.findall(r"`([\w./-]+)`", table))
+  paths = {n for n in named if "/" in n or n in ("train.py", "sample.py")}  # repository paths (not `cli.py` mentions)
+  assert all((REPO / p.rstrip("/")).exists() for p in paths), [p for p in paths if not (REPO / p.rstrip("/")).exists()]
+  listed = {p.rstrip("/") for p in paths}
+  for entry in sorted((REPO / "dgemma").iterdir()):
+    if entry.name.startswith("__") or entry.name == "__pycache__":
+      continue
+    assert f"dgemma/{entry.name}" in listed, f"dgemma/{entry.name} is not in README's 'Where things live'"
