@@ -43,6 +43,21 @@ def corpus_file(tmp_path_factory):
   return write_corpus(tmp_path_factory.mktemp("corpus") / "toy.txt")
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+  """(workdir, config) of a 3-step tiny_test run on a toy corpus, trained once per test process and shared:
+  tests read it and must not change its checkpoints (sample.py writing samples.txt beside them is fine)."""
+  from configs import tiny_test
+  from dgemma.train import loop
+  tmp = tmp_path_factory.mktemp("tiny_run")
+  config = tiny_test.get_config()
+  config.data.source, config.data.files = "files", (str(write_corpus(tmp / "toy.txt")),)
+  config.data.cache_dir = str(tmp / "cache")
+  config.train.num_steps, config.train.async_checkpointing = 3, False
+  loop.train_and_evaluate(config, str(tmp / "wd"))
+  return tmp / "wd", config
+
+
 @pytest.fixture
 def tiny_config(corpus_file, tmp_path_factory):
   from configs import tiny_test

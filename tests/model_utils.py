@@ -80,7 +80,7 @@ def to_f64(tree):
 
 def save_random_hf(cfg: ModelConfig, path, *, canvas_length: int = 8, seed: int = 0):
   """A tiny random Hugging Face DiffusionGemma directory (config.json + safetensors) written by dgemma's
-  own exporter (tests/test_hf_convert.py checks it against transformers): the front-door tests need the
+  own exporter (tests/checkpoints/test_hf.py checks it against transformers): the front-door tests need the
   format, not torch. Returns the path."""
   from dgemma.checkpoints import hf
   hf.export_hf_checkpoint(cfg, jax.device_get(random_params(cfg, seed)), path,

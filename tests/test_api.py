@@ -177,6 +177,7 @@ def test_load_options_dtype_and_quantize(hf_dirs):
     dgemma.load(str(sp_dir), quantize="int3")
 
 
+@pytest.mark.slow  # trains a SentencePiece tokenizer and a run
 def test_a_run_is_loaded_with_its_own_tokenizer_without_building_data(tmp_path, monkeypatch):
   """A SentencePiece run keeps its trained tokenizer in the workdir; loading it builds no dataset."""
   from configs import tiny_test

@@ -12,7 +12,7 @@ import numpy as np
 from configs import pretrain_small, sft_jsonl
 from dgemma import settings as settings_lib
 from dgemma.train import loop
-from tests.test_sft import write_sft_file
+from tests.data.test_sft import write_sft_file
 
 
 def _tiny(config, tmp_path):

@@ -69,7 +69,7 @@ def test_adapt_from_gemma4_tiny_full_with_frozen_router(tiny_config, tmp_path):
 
 
 def test_finetune_head_lora_tiny_trains_only_head_and_samples(tiny_config, tmp_path):
-  # no MoE branch here (compile time; its adapters are tested in test_lora.py, and this config keeps
+  # no MoE branch here (compile time; its adapters are tested in tests/model/test_lora.py, and this config keeps
   # the router frozen); self-conditioning stays on: head_only trains it
   ckpt, base = _base_checkpoint(tiny_config, tmp_path / "base", moe=False)
   config = _tiny(finetune_head_lora.get_config(str(ckpt)), tiny_config)

@@ -7,25 +7,14 @@ from pathlib import Path
 import pytest
 
 from dgemma import api, checkpoints, report
-from dgemma.train import loop
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def trained_workdir(tmp_path_factory):
-  from tests.conftest import write_corpus
-  from configs import tiny_test
-  tmp = tmp_path_factory.mktemp("sample_run")
-  config = tiny_test.get_config()
-  config.data.source = "files"
-  config.data.files = (str(write_corpus(tmp / "toy.txt")),)
-  config.data.cache_dir = str(tmp / "cache")
-  config.train.num_steps = 3
-  config.train.async_checkpointing = False
-  workdir = tmp / "wd"
-  loop.train_and_evaluate(config, str(workdir))
-  return workdir
+@pytest.fixture
+def trained_workdir(tiny_run):
+  """The shared 3-step tiny run (tests/conftest.py)."""
+  return tiny_run[0]
 
 
 @pytest.mark.slow  # subprocesses (sample.py)

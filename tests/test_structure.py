@@ -124,3 +124,16 @@ def test_readme_table_matches_the_tree():
     if entry.name.startswith("__") or entry.name == "__pycache__":
       continue
     assert f"dgemma/{entry.name}" in listed, f"dgemma/{entry.name} is not in README's 'Where things live'"
+
+
+def test_tests_mirror_the_package():
+  """tests/<dir>/ holds the tests of dgemma/<dir>/ (or of the top-level eval/, bench/); tests of a top-level
+  module dgemma/<name>.py, of the entry points and of the repository as a whole stay in tests/."""
+  dirs = [d for d in (REPO / "tests").iterdir() if d.is_dir() and not d.name.startswith((".", "__")) and d.name != "golden"]
+  assert dirs, "tests/ has no package subdirectories"
+  for d in dirs:
+    assert (REPO / "dgemma" / d.name).is_dir() or (REPO / d.name).is_dir(), f"tests/{d.name}/ mirrors nothing"
+    assert (d / "__init__.py").exists(), f"tests/{d.name}/ needs an __init__.py (test module names repeat)"
+  for pkg in (REPO / "dgemma").iterdir():
+    if (pkg / "__init__.py").exists():
+      assert (REPO / "tests" / pkg.name).is_dir(), f"dgemma/{pkg.name}/ has no tests/{pkg.name}/"

@@ -4,7 +4,7 @@
   python tests/golden/make_partition_specs.py        # from the repository root, after changing
                                                      # axis rules, presets or parameter names
 
-tests/test_train.py::test_eight_virtual_devices_match_one_device recomputes the same table with
+tests/train/test_loop.py::test_eight_virtual_devices_match_one_device recomputes the same table with
 `compute()` and compares it with the file.
 """
 

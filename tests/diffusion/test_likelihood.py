@@ -21,7 +21,7 @@ from dgemma.model import Transformer, init_cache
 from dgemma.tokenizers import ByteTokenizer
 from eval import likelihood as eval_likelihood
 from tests.model_utils import random_params, save_random_run
-from tests.test_objectives import _softmax, ref_nelbo
+from tests.diffusion.test_objectives import _softmax, ref_nelbo
 
 TEXTS = ("thou art fair; the king doth go", "h\u00e9llo \u20ac!")  # 32 + 12 scored tokens; multi-byte UTF-8
 

@@ -63,7 +63,7 @@ def _loss_cfg(k, self_cond_prob=0.5):
 @functools.cache
 def jitted_loss(k: int):
   """diffusion_loss of CFG with K = k canvases per row, (params, batch, rng, example_ids_B, totals);
-  one compiled program per batch shape, shared with tests/test_sft.py."""
+  one compiled program per batch shape, shared with tests/data/test_sft.py."""
   return jax.jit(lambda p, b, r, ids, t: diffusion.diffusion_loss(p, b, r, model_cfg=CFG, loss_cfg=_loss_cfg(k),
                                                                    example_ids_B=ids, totals=t))
 

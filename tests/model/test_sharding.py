@@ -1,7 +1,7 @@
 """Sharding rules without devices or compiles: spec fitting, mesh presets, batch axes, distributed flags.
 
-The 8-device equivalence runs and the golden PartitionSpecs are in test_train.py
-(test_eight_virtual_devices_match_one_device); multi-process runs in test_multiprocess.py.
+The 8-device equivalence runs and the golden PartitionSpecs are in tests/train/test_loop.py
+(test_eight_virtual_devices_match_one_device); multi-process runs in tests/train/test_multiprocess.py.
 """
 
 import importlib

@@ -1,5 +1,5 @@
 """Transformer: parameter contract, masks (by perturbation), cache chunking, self-conditioning,
-scan / remat equivalence, bf16. Numerical parity with HF lives in test_hf_parity.py."""
+scan / remat equivalence, bf16. Numerical parity with HF lives in tests/model/test_hf_parity.py."""
 
 import dataclasses
 import functools

@@ -17,7 +17,7 @@ from configs.models import tiny
 from dgemma.model import ModelConfig, Transformer
 from dgemma.tools import params as params_tool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run_cli(config_path: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.model_utils import save_random_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # a subprocess

@@ -21,7 +21,7 @@ from dgemma.errors import ConfigError
 from dgemma.train import loop, optimizer as optimizer_lib, state as state_lib, step as step_lib
 from tests.conftest import TEST_XLA_FLAGS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _setup(config):
@@ -264,7 +264,7 @@ def test_eight_virtual_devices_match_one_device(tmp_path):
   assert train["data_fsdp"]["batch_shard"][0] == 1 and train["expert"]["batch_shard"][0] == 1
   assert train["expert"]["all_to_all"] and train["mixed"]["all_to_all"] and not train["tensor"]["all_to_all"]
   assert train["expert"]["expert_shard"] == [2, 1, 64, 32] and train["mixed"]["expert_shard"] == [2, 2, 32, 16]
-  # two fp32 implementations of one expert layer: 50 eps * max|out|, as in tests/test_moe.py
+  # two fp32 implementations of one expert layer: 50 eps * max|out|, as in tests/model/test_moe.py
   assert res["ep_padded_err"] <= 50 * np.finfo(np.float32).eps * res["ep_padded_scale"], res["ep_padded_err"]
   assert res["sample"]["expert"] == res["sample"]["1dev"]
 

@@ -3,7 +3,7 @@
 import dataclasses
 import os
 
-# See test_model.py: halves XLA CPU compile time when set before JAX creates its CPU client.
+# See tests/model/test_transformer.py: halves XLA CPU compile time when set before JAX creates its CPU client.
 
 import chex
 import flax.linen as nn
@@ -124,7 +124,7 @@ def test_ragged_equals_dense_equals_loop_with_grads():
   np.testing.assert_allclose(out_r, ref, rtol=0, atol=tol)
   np.testing.assert_allclose(out_d, ref, rtol=0, atol=tol)
   # Expert-parallel dispatch (send buffer, all_to_all, ragged_dot over received rows, return) on one
-  # device: the same tokens as the loop; multi-device expert meshes are in test_train.py.
+  # device: the same tokens as the loop; multi-device expert meshes are in tests/train/test_loop.py.
   with _one_device_mesh_context():
     out_e = run(cfg_e)(p, x, xn)
   np.testing.assert_allclose(out_e, ref, rtol=0, atol=tol)

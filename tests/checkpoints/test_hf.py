@@ -22,7 +22,7 @@ from dgemma.checkpoints import hf
 from dgemma.checkpoints import params as params_ckpt
 from dgemma.tools import convert
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _tensors(d) -> dict[str, np.ndarray]:

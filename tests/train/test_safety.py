@@ -22,9 +22,9 @@ from dgemma import settings as settings_lib
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged
 from dgemma.train import loop, optimizer as optimizer_lib, state as state_lib, step as step_lib
-from tests.test_train import _quick_state, _small
+from tests.train.test_loop import _quick_state, _small
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _state_is_finite(workdir, step, config) -> bool:

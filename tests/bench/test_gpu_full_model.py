@@ -13,7 +13,7 @@ from configs.models import diffusiongemma_26b_a4b
 from dgemma.model import ModelConfig
 from dgemma.tools import params as params_tool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_full_model.py"
 
 

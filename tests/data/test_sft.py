@@ -18,7 +18,7 @@ from dgemma.data import sft
 from dgemma.settings import from_config as S
 from dgemma.errors import ConfigError
 from tests.model_utils import random_params
-from tests.test_block_causal import CFG, jitted_loss
+from tests.diffusion.test_block_causal import CFG, jitted_loss
 
 E = 1  # end token (EOS)
 

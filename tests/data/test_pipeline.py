@@ -429,7 +429,7 @@ def test_shakespeare_source(shakespeare_cache, tmp_path):
 def test_no_tensorflow_import():
   code = ("import sys, dgemma.data, dgemma.tokenizers; "
           "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
 

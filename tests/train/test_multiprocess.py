@@ -32,7 +32,7 @@ from dgemma.files import write_text_atomic
 from dgemma.train import optimizer as optimizer_lib, state as state_lib, step as step_lib
 from tests.conftest import TEST_XLA_FLAGS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # subprocesses: 2 x train.py, 2 restore workers (tests/conftest.py, the fast tier)
 
@@ -144,7 +144,7 @@ def test_two_processes_match_one_and_checkpoints_reshard(tiny_config, tmp_path):
     batch = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
     state, metrics = step(state, batch, base_rng)
     losses.append(float(metrics["loss"]))
-  # another reduction order (2 processes, FSDP): the 8-device meshes of test_train.py measure <= 2% of this
+  # another reduction order (2 processes, FSDP): the 8-device meshes of tests/train/test_loop.py measure <= 2% of this
   np.testing.assert_allclose(loss_two[0], np.mean(losses), rtol=1e-5)
 
   _, abstract, _ = state_lib.abstract_train_state(model_cfg, mesh, axis_rules, optimizer)

@@ -1,0 +1,101 @@
+"""Shared pieces of the sampler tests: a synthetic decoder, a tiny random model, compile counting."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dgemma import settings as settings_lib
+from dgemma.model import ModelConfig, Transformer, param_shapes
+from dgemma.sampling import JaxNoise, SamplerConfig, denoise_canvas, row_keys
+
+
+def sampler_of(config) -> SamplerConfig:
+  """The SamplerConfig a config's settings give, checked against its training objective."""
+  return settings_lib.from_config(config).canvas_sampler
+
+
+# ---- the denoising loop with a synthetic decoder ---------------------------------------------------
+
+V_SYN, C_SYN, B_SYN = 32, 6, 3
+
+
+def synthetic_decode(canvas_BC, sc_logits_BCV, sc_mask_B):
+  """Row 0: one token at margin 40 (confident); rows 1, 2: flat-ish logits that follow the canvas."""
+  del sc_logits_BCV, sc_mask_B
+  target = jnp.full((C_SYN,), 5)
+  row0 = 40.0 * jax.nn.one_hot(target, V_SYN)
+  rest = 1.5 * jax.nn.one_hot(canvas_BC[1:], V_SYN) + 0.3 * jnp.sin(jnp.arange(V_SYN) * 1.7)
+  return jnp.concatenate([row0[None], rest], axis=0)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def denoise_synthetic(cfg, init_BC, done_B, fixed_BC, fixed_mask_BC):
+  noise = JaxNoise(row_keys(jax.random.key(3), B_SYN))
+  return denoise_canvas(synthetic_decode, cfg, noise, init_BC, V_SYN, done_B=done_B, fixed_BC=fixed_BC,
+                        fixed_mask_BC=fixed_mask_BC, record=True)
+
+
+def run_synthetic(cfg, done=None, fixed_BC=None, fixed_mask_BC=None):
+  """(final state as numpy, initial canvas); one compilation per cfg."""
+  init = JaxNoise(row_keys(jax.random.key(3), B_SYN)).init_canvas(0, C_SYN, V_SYN)
+  done = jnp.zeros((B_SYN,), bool) if done is None else done
+  if fixed_mask_BC is None:
+    fixed_BC, fixed_mask_BC = jnp.zeros((B_SYN, C_SYN), jnp.int32), jnp.zeros((B_SYN, C_SYN), bool)
+  st = denoise_synthetic(cfg, init, done, fixed_BC, fixed_mask_BC)
+  return jax.tree.map(np.asarray, st), np.asarray(init)
+
+
+# ---- generate with a real (tiny, random) model ------------------------------------------------------
+
+C, S, N = 8, 6, 20         # canvas, steps, max_new_tokens (3 canvases, the last one truncated)
+PROMPTS = [[2, 40, 41, 42, 43, 44], [2, 50], [2, 60, 61, 62]]
+P = max(map(len, PROMPTS))
+
+
+def tiny_model():
+  mcfg = ModelConfig(vocab_size=128, d_model=32, num_layers=2, layer_types=("sliding", "global"), num_heads=2,
+                     num_kv_heads=1, head_dim=8, sliding_window=6, global_num_kv_heads=1, global_head_dim=16,
+                     mlp_hidden=48, num_experts=0)
+  rs = np.random.RandomState(0)
+
+  def leaf(path, s):
+    name = jax.tree_util.keystr(path)
+    if "scale" in name or "layer_scalar" in name:
+      value = rs.uniform(0.7, 1.3, s.shape)
+      if "final_norm" in name:
+        value *= 6.0  # sharp logits, so the sampler accepts several tokens and rows can stop
+      return jnp.asarray(value, jnp.float32)
+    return jnp.asarray(rs.normal(size=s.shape) / np.sqrt(mcfg.d_model), jnp.float32)
+
+  return Transformer(mcfg), jax.tree_util.tree_map_with_path(leaf, param_shapes(mcfg))
+
+
+class Messages(logging.Handler):
+  def __init__(self):
+    super().__init__()
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(record.getMessage())
+
+
+def count_compiles(fn):
+  """(fn(), the 'Compiling ...' messages JAX logged while running it)."""
+  handler, logger = Messages(), logging.getLogger("jax")
+  logger.addHandler(handler)
+  try:
+    with jax.log_compiles(True):
+      out = jax.block_until_ready(fn())
+  finally:
+    logger.removeHandler(handler)
+  return out, [m for m in handler.messages if m.startswith("Compiling")]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def denoise_fixed(decode_fn, cfg, noise, init_BC):
+  return denoise_canvas(decode_fn, cfg, noise, init_BC, noise.gumbel_NSBCV.shape[-1], record=True)
