@@ -12,7 +12,9 @@ argmax accuracy. `passes` is the mean number of decoder passes the released samp
 the run's sample settings) takes per canvas, generating one canvas after each of --prompts prompts (the
 text of the first --prompt_len tokens of validation rows, the same prompts and seed for every scheme): worse logits
 make the entropy-bound sampler accept fewer tokens per step, so a scheme that saves bytes but costs
-steps shows it here. The Sudoku solve-rate delta needs the Sudoku benchmark and is not measured here.
+steps shows it here (a weak model may never meet the stopping rule, mean entropy < 0.005, at the
+released temperatures: then every scheme shows --steps, and a lower --temperature makes the count
+informative). The Sudoku solve-rate delta needs the Sudoku benchmark and is not measured here.
 """
 
 import sys
@@ -37,6 +39,9 @@ _GROUP = flags.DEFINE_integer("group_size", 64, "int4 group size (sample.quant_g
 _SCHEMES = flags.DEFINE_list("schemes", ["none", "int8", "int4"], "Schemes to compare; 'none' is the reference.")
 _PROMPTS = flags.DEFINE_integer("prompts", 8, "Prompts generated from per scheme for the decoder-pass count (0 = skip).")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 16, "Tokens of each validation row used as its prompt.")
+_STEPS = flags.DEFINE_integer("steps", 48, "sample.max_denoising_steps for the pass count (48 = released).")
+_TEMPERATURE = flags.DEFINE_float("temperature", None, "Sampling temperature for the pass count (t_max = t_min; "
+                                  "default: the run's schedule).")
 _CACHE_DIR = flags.DEFINE_string("cache_dir", "", "Override data.cache_dir of the run (where its dataset lives).")
 flags.mark_flag_as_required("workdir")
 
@@ -61,7 +66,8 @@ def mean_decoder_passes(ckpt, config, qcfg, prompts: list[list[int]], canvas_len
   run.sample.quantize, run.sample.quant_group_size = qcfg.scheme, qcfg.group_size
   run.sample.early_exit = True
   model = api.Model(ckpt, run, mesh_lib.make_mesh(settings_lib.from_config(run).mesh.shape))
-  out = model.generate([model.tokenizer.decode(ids) for ids in prompts], max_new_tokens=canvas_len, seed=0)
+  out = model.generate([model.tokenizer.decode(ids) for ids in prompts], max_new_tokens=canvas_len, seed=0,
+                       steps=_STEPS.value, temperature=_TEMPERATURE.value)
   return float(np.mean([g.num_forwards for g in out]))
 
 
@@ -95,7 +101,8 @@ def main(argv):
   print(f"run: {_WORKDIR.value} step {step}, model {config.model.get('preset', '?')} (d={model_cfg.d_model}, "
         f"{model_cfg.num_layers} layers, {model_cfg.num_experts} experts, vocab {model_cfg.vocab_size}); "
         f"{_BATCHES.value} validation batches of {config.data.batch_size}x{config.data.seq_len}, canvas "
-        f"{config.diffusion.canvas_len}, antithetic t; int4 group size {_GROUP.value}")
+        f"{config.diffusion.canvas_len}, antithetic t; int4 group size {_GROUP.value}; passes: {len(prompts)} "
+        f"prompts, <= {_STEPS.value} steps, temperature {_TEMPERATURE.value or 'of the run'}")
   ref = rows[_SCHEMES.value[0]][0]
   print(f"{'weights':<8} {'MiB':>7} {'canvas_nelbo':>12} {'delta':>8} {'canvas_ce':>10} {'delta':>8} "
         f"{'accuracy':>9} {'delta':>8} {'passes':>7} {'delta':>7} {'s':>6}")

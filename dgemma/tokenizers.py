@@ -94,25 +94,10 @@ class ByteTokenizer(Tokenizer):
     return "ByteTokenizer()"
 
 
-class SentencePieceTokenizer(Tokenizer):
-  """A SentencePiece model file (trained here or Gemma's `tokenizer.model`)."""
-
-  def __init__(self, model_path: str | os.PathLike[str]):
-    self.model_path = Path(model_path)
-    if not self.model_path.is_file():
-      raise FileNotFoundError(f"SentencePiece model {self.model_path} does not exist")
-    self._sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
-    ids = dict(pad=self._sp.pad_id(), eos=self._sp.eos_id(), bos=self._sp.bos_id(),
-               unk=self._sp.unk_id())
-    missing = [name for name, i in ids.items() if i < 0]
-    if missing:
-      raise ValueError(f"SentencePiece model {self.model_path} defines no id for {missing}; "
-                       "dgemma needs pad, eos, bos and unk ids")
-    self._pad, self._eos, self._bos, self._unk = ids["pad"], ids["eos"], ids["bos"], ids["unk"]
-    self._vocab_size = self._sp.vocab_size()
-    self._dropped_ids = frozenset(
-        i for i in range(self._vocab_size) if self._sp.is_control(i)) | {self._pad, self._eos,
-                                                                          self._bos}
+class _ModelFileTokenizer(Tokenizer):
+  """A tokenizer read from a model file: its special ids and vocabulary size are set by the subclass's
+  __init__ (`_pad`, `_eos`, `_bos`, `_unk`, `_vocab_size`), and decoding drops `_dropped_ids` (control
+  and special pieces) and ids outside the vocabulary."""
 
   @property
   def vocab_size(self) -> int:
@@ -134,6 +119,30 @@ class SentencePieceTokenizer(Tokenizer):
   def unk_id(self) -> int:
     return self._unk
 
+  def _decodable(self, ids: Sequence[int]) -> list[int]:
+    return [int(i) for i in ids if 0 <= int(i) < self._vocab_size and int(i) not in self._dropped_ids]
+
+
+class SentencePieceTokenizer(_ModelFileTokenizer):
+  """A SentencePiece model file (trained here or Gemma's `tokenizer.model`)."""
+
+  def __init__(self, model_path: str | os.PathLike[str]):
+    self.model_path = Path(model_path)
+    if not self.model_path.is_file():
+      raise FileNotFoundError(f"SentencePiece model {self.model_path} does not exist")
+    self._sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
+    ids = dict(pad=self._sp.pad_id(), eos=self._sp.eos_id(), bos=self._sp.bos_id(),
+               unk=self._sp.unk_id())
+    missing = [name for name, i in ids.items() if i < 0]
+    if missing:
+      raise ValueError(f"SentencePiece model {self.model_path} defines no id for {missing}; "
+                       "dgemma needs pad, eos, bos and unk ids")
+    self._pad, self._eos, self._bos, self._unk = ids["pad"], ids["eos"], ids["bos"], ids["unk"]
+    self._vocab_size = self._sp.vocab_size()
+    self._dropped_ids = frozenset(
+        i for i in range(self._vocab_size) if self._sp.is_control(i)) | {self._pad, self._eos,
+                                                                          self._bos}
+
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text)
 
@@ -142,15 +151,13 @@ class SentencePieceTokenizer(Tokenizer):
     return i if 0 <= i < self._vocab_size and self._sp.id_to_piece(i) == piece else None
 
   def decode(self, ids: Sequence[int]) -> str:
-    kept = [int(i) for i in ids
-            if 0 <= int(i) < self._vocab_size and int(i) not in self._dropped_ids]
-    return self._sp.decode(kept)
+    return self._sp.decode(self._decodable(ids))
 
   def __repr__(self) -> str:
     return f"SentencePieceTokenizer({str(self.model_path)!r}, vocab_size={self._vocab_size})"
 
 
-class JsonTokenizer(Tokenizer):
+class JsonTokenizer(_ModelFileTokenizer):
   """A Hugging Face `tokenizer.json` (the `tokenizers` library), as HF checkpoints without a
   SentencePiece `tokenizer.model` ship it. Special ids are those of the pieces <pad>, <eos>, <bos>, <unk>
   (Gemma's names); a file without them is an error naming it."""
@@ -172,32 +179,11 @@ class JsonTokenizer(Tokenizer):
     special = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
     self._dropped_ids = frozenset(self._tok.token_to_id(t) for t in special) | {self._pad, self._eos, self._bos}
 
-  @property
-  def vocab_size(self) -> int:
-    return self._vocab_size
-
-  @property
-  def pad_id(self) -> int:
-    return self._pad
-
-  @property
-  def eos_id(self) -> int:
-    return self._eos
-
-  @property
-  def bos_id(self) -> int:
-    return self._bos
-
-  @property
-  def unk_id(self) -> int:
-    return self._unk
-
   def encode(self, text: str) -> list[int]:
     return list(self._tok.encode(text, add_special_tokens=False).ids)
 
   def decode(self, ids: Sequence[int]) -> str:
-    kept = [int(i) for i in ids if 0 <= int(i) < self._vocab_size and int(i) not in self._dropped_ids]
-    return self._tok.decode(kept, skip_special_tokens=False)
+    return self._tok.decode(self._decodable(ids), skip_special_tokens=False)
 
   def piece_id(self, piece: str) -> int | None:
     return self._tok.token_to_id(piece)

@@ -125,7 +125,8 @@ class Attention(nn.Module):
   q = rope(q_norm(q_proj x)); k = rope(k_norm(k_proj x)); v = v_norm(v_proj x), or v = v_norm(raw k
   projection) on global layers with `global_k_eq_v` (no v_proj). Keys are cached post-norm post-RoPE.
   Encode (decode=False) writes the new k/v into the cache at `write_index` and attends over the whole
-  cache; decode attends over [cache; canvas] and leaves the cache untouched.
+  cache (a ring cache's sliding layer, `ring_slots_BT` given: attends over [ring; new tokens], then writes
+  the new tokens at their ring slots); decode attends over [cache; canvas] and leaves the cache untouched.
   """
 
   cfg: ModelConfig
@@ -133,7 +134,7 @@ class Attention(nn.Module):
   lora_active: bool = True  # LoRA (target 'attn') on q/k/v/o_proj, added only when active
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, cache_kv, mask_BTS, write_index, decode: bool):
+  def __call__(self, x_BTD, positions_BT, cache_kv, mask_BTS, write_index, decode: bool, ring_slots_BT=None):
     cfg = self.cfg
     dtype, pdtype = layers.compute_dtype(cfg), layers.param_dtype(cfg)
     D, N = cfg.d_model, cfg.num_heads
@@ -159,6 +160,12 @@ class Attention(nn.Module):
       keys = jnp.concatenate([cache_k.astype(dtype), k_BTKH], axis=1)
       values = jnp.concatenate([cache_v.astype(dtype), v_BTKH], axis=1)
       new_kv = None
+    elif ring_slots_BT is not None:  # a sliding layer's ring (transformer.KVCache): attend, then write
+      keys = jnp.concatenate([cache_k.astype(dtype), k_BTKH], axis=1)
+      values = jnp.concatenate([cache_v.astype(dtype), v_BTKH], axis=1)
+      rows_B1 = jnp.arange(cache_k.shape[0])[:, None]
+      new_kv = (cache_k.at[rows_B1, ring_slots_BT].set(k_BTKH.astype(cache_k.dtype), mode="drop"),
+                cache_v.at[rows_B1, ring_slots_BT].set(v_BTKH.astype(cache_v.dtype), mode="drop"))
     else:
       zero = write_index.dtype.type(0)  # indices of one integer type (a Python 0 is int64 under x64)
       idx = (zero, write_index, zero, zero)

@@ -55,7 +55,7 @@ the total to add to the objective is `sum(jax.tree.leaves(intermediates))`.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import flax
 import flax.linen as nn
@@ -84,6 +84,14 @@ class KVCache:
     post-RoPE, values post-v_norm.
   positions_BS, segment_ids_BS: int32 per slot; segment 0 = empty / padding.
   length: int32 scalar, slots written so far (the next encode writes at [length, length + T)).
+  ring_positions_BR, ring_segment_ids_BR: set for a ring cache (`init_cache(..., sliding_ring=True)`):
+    sliding layers then keep only R = min(W, S) slots, [num_blocks, B, R, K, H], and a token at position
+    p is kept at ring slot p mod R (padding is never written). A sliding query reads only the W positions
+    up to its own (decode: the W - 1 before the canvas), and a row's valid positions are consecutive
+    (0, 1, ... through its prompt and committed canvases), so those W positions sit in W distinct ring
+    slots that no later token of the row has overwritten yet: the ring holds every key the window allows,
+    and attention over it equals attention over the full cache. For inference (one segment per row);
+    training's packed rows and block-causal decoding use the full cache.
   """
 
   k: tuple
@@ -91,25 +99,40 @@ class KVCache:
   positions_BS: jax.Array
   segment_ids_BS: jax.Array
   length: jax.Array
+  ring_positions_BR: Optional[jax.Array] = None
+  ring_segment_ids_BR: Optional[jax.Array] = None
 
   @property
   def max_len(self) -> int:
     return self.positions_BS.shape[1]
 
+  @property
+  def ring(self) -> bool:
+    return self.ring_positions_BR is not None
 
-def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
+
+def ring_len(cfg: ModelConfig, max_len: int) -> int:
+  """Slots a sliding layer keeps in a ring cache of `max_len` positions: min(W, max_len)."""
+  return min(int(cfg.sliding_window), int(max_len))
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None, sliding_ring: bool = False) -> KVCache:
   """An empty cache: all slots invalid (segment 0), length 0. Default dtype: fp32 (float64 for a
-  float64 model)."""
+  float64 model). sliding_ring: sliding layers keep a ring of min(W, max_len) slots (KVCache docstring)."""
   dtype = layers.at_least_f32(layers.compute_dtype(cfg)) if dtype is None else dtype
+  R = ring_len(cfg, max_len)
   ks, vs = [], []
   for i in range(cfg.block_period):
     K, H = layers.attn_dims(cfg, cfg.layer_types[i])
-    shape = (cfg.num_blocks, batch_size, max_len, K, H)
+    slots = R if sliding_ring and cfg.layer_types[i] != GLOBAL else max_len
+    shape = (cfg.num_blocks, batch_size, slots, K, H)
     ks.append(jnp.zeros(shape, dtype))
     vs.append(jnp.zeros(shape, dtype))
   zeros_BS = jnp.zeros((batch_size, max_len), jnp.int32)
+  ring = dict(ring_positions_BR=jnp.zeros((batch_size, R), jnp.int32),
+              ring_segment_ids_BR=jnp.zeros((batch_size, R), jnp.int32)) if sliding_ring else {}
   return KVCache(k=tuple(ks), v=tuple(vs), positions_BS=zeros_BS, segment_ids_BS=zeros_BS,
-                 length=jnp.zeros((), jnp.int32))
+                 length=jnp.zeros((), jnp.int32), **ring)
 
 
 @struct.dataclass
@@ -122,6 +145,34 @@ class _Ctx:
   write_index: jax.Array
   valid_BT: jax.Array
   decode: bool = struct.field(pytree_node=False, default=False)
+  ring_slots_BT: Optional[jax.Array] = None  # encode into a ring cache: each new token's ring slot (R = dropped)
+
+
+def ring_encode(cfg: ModelConfig, positions_BT, segment_ids_BT, cache: KVCache):
+  """Encoding T new tokens into a ring cache: (sliding mask [B, T, R + T] over [ring; new tokens], each new
+  token's ring slot [B, T], the updated ring positions / segment ids).
+
+  Keys are the ring as it was (every earlier token still inside a window) followed by the new tokens
+  (causal among themselves), with the encoder's rules: same segment, q_pos - k_pos < W, and no key after
+  the query. A valid token goes to slot p mod R; when the chunk holds more than R of a row's positions,
+  only its last R are written (the others could never be read again), so a row's slots are distinct."""
+  R = cache.ring_positions_BR.shape[1]
+  T = positions_BT.shape[1]
+  valid_BT = segment_ids_BT != 0
+  last_B = jnp.max(jnp.where(valid_BT, positions_BT, -1), axis=1)
+  keep_BT = valid_BT & (positions_BT > (last_B - R)[:, None])
+  ring_slots_BT = jnp.where(keep_BT, positions_BT % R, R).astype(jnp.int32)
+  keys_pos_BK = jnp.concatenate([cache.ring_positions_BR, positions_BT], axis=1)
+  keys_seg_BK = jnp.concatenate([cache.ring_segment_ids_BR, segment_ids_BT], axis=1)
+  in_ring_K = jnp.arange(R + T) < R
+  causal_TK = in_ring_K[None, :] | (jnp.arange(R + T)[None, :] - R <= jnp.arange(T)[:, None])
+  seg_BTK = (segment_ids_BT[:, :, None] == keys_seg_BK[:, None, :]) & valid_BT[:, :, None]
+  delta_BTK = positions_BT[:, :, None] - keys_pos_BK[:, None, :]
+  slide_BTK = seg_BTK & causal_TK[None] & (delta_BTK >= 0) & (delta_BTK < cfg.sliding_window)
+  rows_B1 = jnp.arange(positions_BT.shape[0])[:, None]
+  ring = dict(ring_positions_BR=cache.ring_positions_BR.at[rows_B1, ring_slots_BT].set(positions_BT, mode="drop"),
+              ring_segment_ids_BR=cache.ring_segment_ids_BR.at[rows_B1, ring_slots_BT].set(segment_ids_BT, mode="drop"))
+  return slide_BTK, ring_slots_BT, ring
 
 
 class Layer(nn.Module):
@@ -146,8 +197,9 @@ class Layer(nn.Module):
     # LoRA adapters (cfg.lora) act in both modes, or only in decoder mode (head_only fine-tuning).
     lora_active = cfg.lora is not None and (ctx.decode or not cfg.lora.decoder_only)
     mask = ctx.mask_global if self.kind == GLOBAL else ctx.mask_sliding
+    ring_slots = None if self.kind == GLOBAL else ctx.ring_slots_BT
     a_BTD, new_kv = Attention(cfg, self.kind, lora_active, name="attn")(
-        norm("pre_attn_norm")(x_BTD), ctx.positions_BT, kv, mask, ctx.write_index, ctx.decode)
+        norm("pre_attn_norm")(x_BTD), ctx.positions_BT, kv, mask, ctx.write_index, ctx.decode, ring_slots)
     x_BTD = x_BTD + norm("post_attn_norm")(a_BTD)
 
     m_BTD = layers.GeGLU(cfg.d_model, cfg.mlp_hidden, dtype=dtype, param_dtype=pdtype,
@@ -294,14 +346,17 @@ class Transformer(nn.Module):
     pos_BS = jax.lax.dynamic_update_slice(cache.positions_BS, positions_BT, (zero, start))
     seg_BS = jax.lax.dynamic_update_slice(cache.segment_ids_BS, segment_ids_BT, (zero, start))
     slide, glob = encoder_masks(cfg, positions_BT, segment_ids_BT, pos_BS, seg_BS, start)
-    ctx = _Ctx(positions_BT, slide, glob, start, segment_ids_BT != 0, decode=False)
+    ring, ring_slots_BT = {}, None
+    if cache.ring:
+      slide, ring_slots_BT, ring = ring_encode(cfg, positions_BT, segment_ids_BT, cache)
+    ctx = _Ctx(positions_BT, slide, glob, start, segment_ids_BT != 0, decode=False, ring_slots_BT=ring_slots_BT)
     x_BTD = constrain(self.embedder.encode(tokens_BT), RESIDUAL_AXES)
     # No-op unless a 'perturbations' collection is passed: lets tests take d(output)/d(input embedding).
     x_BTD = self.perturb("encoder_inputs", x_BTD)
     x_BTD, ((ks, vs), aux) = self.blocks(x_BTD, (cache.k, cache.v), ctx)
     self._sow_aux(aux)
     new_cache = KVCache(k=ks, v=vs, positions_BS=pos_BS, segment_ids_BS=seg_BS,
-                        length=start + tokens_BT.shape[1])
+                        length=start + tokens_BT.shape[1], **ring)
     return (self._logits(x_BTD) if return_logits else None), new_cache
 
   def self_conditioning_embedding(self, logits_BCV):
@@ -340,6 +395,12 @@ class Transformer(nn.Module):
       x_BCD = self.self_conditioning(x_BCD, soft_BCD)  # post norm applies even to a zero signal
     slide, glob = decoder_masks(cfg, positions_BC, segment_ids_BC, cache.positions_BS,
                                 cache.segment_ids_BS, cache.length, num_canvases, per_query_window)
+    if cache.ring:  # sliding layers read the ring: every ring slot was written (empty ones are segment 0)
+      if num_canvases != 1:
+        raise ValueError("decode: block-causal decoding (num_canvases > 1) needs the full cache, not a ring")
+      R = cache.ring_positions_BR.shape[1]
+      slide, _ = decoder_masks(cfg, positions_BC, segment_ids_BC, cache.ring_positions_BR,
+                               cache.ring_segment_ids_BR, R, 1, per_query_window)
     ctx = _Ctx(positions_BC, slide, glob, cache.length, segment_ids_BC != 0, decode=True)
     x_BCD = constrain(self.perturb("decoder_inputs", x_BCD), RESIDUAL_AXES)
     x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)

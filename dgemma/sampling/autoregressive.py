@@ -47,7 +47,8 @@ def _ar_impl(model, max_new_tokens: int, temperature: float, pad_id: int, params
   batch, prompt_len = prompt_BP.shape
   N = max_new_tokens
   apply = functools.partial(model.apply, {"params": params})
-  cache = init_cache(cfg, batch, prompt_len + N, dtype=jnp.dtype(cfg.dtype))
+  # sliding layers keep a window-sized ring (transformer.KVCache): the same attention, less memory
+  cache = init_cache(cfg, batch, prompt_len + N, dtype=jnp.dtype(cfg.dtype), sliding_ring=True)
 
   # 1. prefill everything but the last prompt token (no logits)
   iota_P = jnp.arange(prompt_len, dtype=jnp.int32)

@@ -3,7 +3,8 @@
 Reference doc, "Two modes" and "Sampler (released defaults)" / "Commit"; HF 5.24
 `DiffusionGemmaGenerationMixin.generate`:
   1. The right-padded prompts are encoded once (causal) into a fixed-size KV cache of
-     P + (num_canvases - 1) * C slots (padding slots get segment 0 and are never attended).
+     P + (num_canvases - 1) * C slots (padding slots get segment 0 and are never attended); sliding
+     layers keep a ring of min(W, slots) of them (`dgemma.model.transformer.KVCache`).
   2. Each canvas is denoised (`sampler.denoise_canvas`) at positions len_b + committed_b + [0, C):
      row b's canvas follows its own valid tokens, as HF does for a single unpadded prompt.
   3. The canvas result (`sampler.canvas_result`: the argmax canvas, or z_0 for the ancestral
@@ -156,7 +157,9 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
   lengths_B = lengths_B.astype(jnp.int32)
 
   # 1. prompt -> cache (slots [0, P)); right padding is segment 0
-  cache = init_cache(mcfg, batch, cache_size(prompt_len, max_new_tokens, C), dtype=jnp.dtype(mcfg.dtype))
+  # sliding layers keep a window-sized ring (transformer.KVCache): the same attention, less memory
+  cache = init_cache(mcfg, batch, cache_size(prompt_len, max_new_tokens, C), dtype=jnp.dtype(mcfg.dtype),
+                     sliding_ring=True)
   iota_P = jnp.arange(prompt_len, dtype=jnp.int32)
   prompt_seg_BP = (iota_P[None, :] < lengths_B[:, None]).astype(jnp.int32)
   prompt_pos_BP = jnp.broadcast_to(iota_P, (batch, prompt_len))

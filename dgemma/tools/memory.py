@@ -10,7 +10,8 @@ experiment config. Overrides go to `--config.<field>` / `--config.model.<field>`
 
 Inference (one device; the sampler at `--batch` rows, `--canvas` = diffusion.canvas_len by default):
   weights      the `dgemma.quant.quantize_params` tree of the param_dtype weights (`--quantize`), or plain;
-  KV cache     `init_cache` of `--context` slots (every layer keeps all slots, sliding ones included);
+  KV cache     `init_cache` of `--context` slots as the samplers allocate it: global layers keep every
+               slot, sliding layers a ring of min(W, context) (`dgemma.model.transformer.KVCache`);
   canvas step  the working set of one denoising step (decoder pass with self-conditioning + the sampler's
                [B, C, V] work) against that cache: the peak of `activation_peak` over its jaxpr, less
                the weights and cache it reads.
@@ -110,7 +111,7 @@ def canvas_step_program(cfg: ModelConfig, qcfg: quant.QuantConfig, context: int,
   """(fn, abstract args) of one denoising step (decoder pass + sampler) against a `context`-slot cache;
   args = (weights, cache, key)."""
   weights = params_tool.quantized_shapes(cfg, qcfg, cfg.param_dtype) if qcfg.scheme != "none" else param_shapes(cfg)
-  cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, jnp.dtype(cfg.dtype)))
+  cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, jnp.dtype(cfg.dtype), sliding_ring=True))
   model = Transformer(cfg)
   scfg = SamplerConfig(canvas_len=canvas, max_denoising_steps=1, confidence_threshold=0.0, early_exit=False,
                        end_ids=(), max_context=context + canvas + 1)

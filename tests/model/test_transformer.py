@@ -3,10 +3,6 @@ scan / remat equivalence, bf16. Numerical parity with HF lives in tests/model/te
 
 import dataclasses
 import functools
-import os
-
-# Tiny shapes: XLA CPU compile time dominates these tests and the fusion emitters double it. Only
-# effective if set before JAX creates its CPU client (better placed in conftest.py).
 
 import chex
 import flax
@@ -375,3 +371,65 @@ def test_bf16_close_to_fp32():
     rel = np.linalg.norm(a - b) / np.linalg.norm(b)
     assert rel < 0.05, rel
     assert np.mean(a.argmax(-1) == b.argmax(-1)) > 0.9
+
+
+def test_ring_cache_equals_the_full_cache():
+  """Sliding layers' window-sized ring (init_cache(sliding_ring=True), as generation uses it) against the
+  full cache, through what the samplers do: a right-padded prompt longer than the window (one encode of
+  more tokens than the ring holds, and the same prompt in two chunks), decodes with the HF and the
+  per-query window, a committed canvas with a padded tail, then one-token encodes (AR decoding).
+  In float64 (tests/model_utils.py): both caches attend the same keys in another order, ~1e-15 apart;
+  1e-9 is far below one key too many or too few (window 4 of a few dozen logits, ~1e-1)."""
+  cfg = f64_config(dataclasses.replace(TINY, sliding_window=4))
+  model = Transformer(cfg)
+  g = np.random.default_rng(5)
+  P, Cv, V = 9, 4, cfg.vocab_size
+  lengths = np.array([9, 3])
+  prompt = g.integers(0, V, (2, P))
+  seg_P = (np.arange(P)[None] < lengths[:, None]).astype(np.int32)
+  pos_P = np.tile(np.arange(P), (2, 1))
+  canvas = g.integers(0, V, (2, Cv))
+  commit_seg = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.int32)
+  ones = np.ones((2, Cv), np.int32)
+
+  def run(ring: bool, chunks):
+    with float64():
+      params = to_f64(_params(TINY))
+      apply = lambda *a, **kw: model.apply({"params": params}, *a, **kw)
+      cache = init_cache(cfg, 2, P + 2 * Cv + 3, jnp.float64, sliding_ring=ring)
+      outs = []
+      for a, b in chunks:
+        logits, cache = apply(prompt[:, a:b], pos_P[:, a:b], seg_P[:, a:b], cache, method="encode")
+        outs.append(np.asarray(logits) * seg_P[:, a:b, None])
+      pos_C = lengths[:, None] + np.arange(Cv)[None]
+      for per_query in (False, True):
+        outs.append(np.asarray(apply(canvas, pos_C, ones, cache, per_query_window=per_query, method="decode")))
+      _, cache = apply(canvas, pos_C, commit_seg, cache, method="encode")
+      pos_C = pos_C + commit_seg.sum(1)[:, None]
+      outs.append(np.asarray(apply(canvas, pos_C, ones, cache, method="decode")))
+      nxt = pos_C[:, :1]
+      for t in range(3):  # AR: one token at a time
+        logits, cache = apply(canvas[:, t:t + 1], nxt + t, ones[:, :1], cache, method="encode")
+        outs.append(np.asarray(logits))
+      shapes = [k.shape[2] for k in cache.k]
+    return outs, shapes
+
+  full, full_slots = run(False, [(0, P)])
+  ring, ring_slots = run(True, [(0, P)])
+  chunked, _ = run(True, [(0, 5), (5, P)])
+  assert full_slots == [P + 2 * Cv + 3] * 2  # one array per layer slot of the (sliding, global) block
+  assert ring_slots == [4, P + 2 * Cv + 3]  # the sliding layers keep W slots
+  for a, b in zip(full, ring):
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-9)
+  np.testing.assert_allclose(np.concatenate(chunked[:2], axis=1), full[0], rtol=0, atol=1e-9)
+  for a, b in zip(full[1:], chunked[2:]):
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-9)
+  # and the window matters here: without it (W >= every position) the decode logits move
+  wide = f64_config(dataclasses.replace(TINY, sliding_window=64))
+  with float64():
+    params = to_f64(_params(TINY))
+    cache = init_cache(wide, 2, P + Cv, jnp.float64)
+    _, cache = Transformer(wide).apply({"params": params}, prompt, pos_P, seg_P, cache, method="encode")
+    wide_dec = np.asarray(Transformer(wide).apply({"params": params}, canvas, lengths[:, None] + np.arange(Cv)[None],
+                                                  ones, cache, method="decode"))
+  assert np.max(np.abs(wide_dec[0] - full[1][0])) > 1e-3

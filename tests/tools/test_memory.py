@@ -47,8 +47,13 @@ def test_inference_estimate_tiny():
   shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), param_shapes(TINY))
   q = jax.eval_shape(lambda p: quant.quantize_params(p, qcfg), shapes)
   assert est["weights"] == quant.tree_bytes(q)
-  cache = init_cache(TINY, 2, 48)
-  assert est["kv_cache"] == sum(x.nbytes for x in jax.tree.leaves(cache))
+  nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))
+  assert est["kv_cache"] == nbytes(init_cache(TINY, 2, 48, sliding_ring=True))  # what the samplers allocate
+  # = the full cache less the (48 - W) slots the sliding layers drop, plus the ring's positions / segment ids
+  K, H = TINY.num_kv_heads, TINY.head_dim
+  sliding = sum(t == "sliding" for t in TINY.layer_types)
+  dropped = sliding * 2 * 2 * (48 - TINY.sliding_window) * K * H * 4  # layers x (k, v) x batch x slots x K x H x fp32
+  assert est["kv_cache"] == nbytes(init_cache(TINY, 2, 48)) - dropped + 2 * 2 * TINY.sliding_window * 4
   # at least the fp32 logits, the self-conditioning logits and the sampler's log-probs [2, 16, V]
   assert est["canvas_step"] > 3 * 2 * 16 * TINY.vocab_size * 4
   text = memory.report(_experiment(), quantize="int4", group_size=16, context=48, canvas=16, batch=1,
