@@ -12,7 +12,7 @@ argmax accuracy. `passes` is the mean number of decoder passes the released samp
 the run's sample settings) takes per canvas, generating one canvas after each of --prompts prompts (the
 text of the first --prompt_len tokens of validation rows, the same prompts and seed for every scheme): worse logits
 make the entropy-bound sampler accept fewer tokens per step, so a scheme that saves bytes but costs
-steps shows it here (a weak model may never meet the stopping rule, mean entropy < 0.005, at the
+steps shows it here (`sem`: the standard error of that mean over the prompts; a weak model may never meet the stopping rule, mean entropy < 0.005, at the
 released temperatures: then every scheme shows --steps, and a lower --temperature makes the count
 informative). The Sudoku solve-rate delta needs the Sudoku benchmark and is not measured here.
 """
@@ -58,17 +58,20 @@ def validation_prompts(settings, prepared, count: int, length: int) -> list[list
   return prompts
 
 
-def mean_decoder_passes(ckpt, config, qcfg, prompts: list[list[int]], canvas_len: int) -> float:
-  """Mean decoder passes per canvas of the run's sampler with these weights (nan without prompts)."""
+def mean_decoder_passes(ckpt, config, qcfg, prompts: list[list[int]], canvas_len: int) -> tuple[float, float]:
+  """(mean, standard error) of the decoder passes per canvas of the run's sampler with these weights
+  (nan without prompts)."""
   if not prompts:
-    return float("nan")
+    return float("nan"), float("nan")
   run = ml_collections.ConfigDict(config.to_dict())
   run.sample.quantize, run.sample.quant_group_size = qcfg.scheme, qcfg.group_size
   run.sample.early_exit = True
   model = api.Model(ckpt, run, mesh_lib.make_mesh(settings_lib.from_config(run).mesh.shape))
   out = model.generate([model.tokenizer.decode(ids) for ids in prompts], max_new_tokens=canvas_len, seed=0,
                        steps=_STEPS.value, temperature=_TEMPERATURE.value)
-  return float(np.mean([g.num_forwards for g in out]))
+  passes = np.asarray([g.num_forwards for g in out], np.float64)
+  sem = float(np.std(passes, ddof=1) / np.sqrt(len(passes))) if len(passes) > 1 else float("nan")
+  return float(np.mean(passes)), sem
 
 
 def main(argv):
@@ -94,7 +97,7 @@ def main(argv):
     qparams = quant.quantize_params(params, qcfg)
     data_iter = data.make_iterator(settings, prepared, settings.eval.split)
     metrics = evaluate.validation_metrics(eval_step, qparams, data_iter, _BATCHES.value, sharding, rng)
-    metrics["passes"] = mean_decoder_passes(ckpt, config, qcfg, prompts, settings.diffusion.canvas_len)
+    metrics["passes"], metrics["passes_sem"] = mean_decoder_passes(ckpt, config, qcfg, prompts, settings.diffusion.canvas_len)
     rows[name] = (metrics, quant.tree_bytes(qparams), time.perf_counter() - t0)
 
   print(f"command: {' '.join(sys.argv)}")
@@ -105,12 +108,12 @@ def main(argv):
         f"prompts, <= {_STEPS.value} steps, temperature {_TEMPERATURE.value or 'of the run'}")
   ref = rows[_SCHEMES.value[0]][0]
   print(f"{'weights':<8} {'MiB':>7} {'canvas_nelbo':>12} {'delta':>8} {'canvas_ce':>10} {'delta':>8} "
-        f"{'accuracy':>9} {'delta':>8} {'passes':>7} {'delta':>7} {'s':>6}")
+        f"{'accuracy':>9} {'delta':>8} {'passes':>7} {'delta':>7} {'sem':>5} {'s':>6}")
   for name, (m, nbytes, secs) in rows.items():
     print(f"{name:<8} {nbytes / 2**20:>7.2f} {m['canvas_nelbo']:>12.4f} {m['canvas_nelbo'] - ref['canvas_nelbo']:>+8.4f} "
           f"{m['canvas_ce']:>10.4f} {m['canvas_ce'] - ref['canvas_ce']:>+8.4f} {m['canvas_accuracy']:>9.4f} "
           f"{m['canvas_accuracy'] - ref['canvas_accuracy']:>+8.4f} {m['passes']:>7.2f} "
-          f"{m['passes'] - ref['passes']:>+7.2f} {secs:>6.1f}")
+          f"{m['passes'] - ref['passes']:>+7.2f} {m['passes_sem']:>5.2f} {secs:>6.1f}")
 
 
 if __name__ == "__main__":

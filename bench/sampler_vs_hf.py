@@ -9,13 +9,14 @@ Both run one prompt for `canvases` canvases of exactly `steps` denoising steps e
 off: HF confidence_threshold=1e-30 keeps its stopping test running but never met; dgemma
 confidence_threshold=0 and early_exit=False; no end tokens), and the decoder passes are counted on
 both sides. HF: eager attention and experts (as tests/hf_utils builds it), torch threads = 2, no
-torch.compile. dgemma: `dgemma.sampling.generate`, with the MoE's 'ragged' and 'dense' paths; compile
-excluded (reported). Runs are interleaved (HF, dgemma ragged, dgemma dense, ... `reps` times); the
+torch.compile. dgemma: `dgemma.sampling.generate`, with the MoE paths of --impls (default 'ragged', 'dense'
+and 'auto', the default: 'capacity' on CPU); compile excluded (reported). Runs are interleaved (HF, then
+each dgemma path, `reps` times); the
 median and the best run are reported (on a shared machine the best run is the least disturbed one:
 eager torch with 2 threads on 2 busy cores slows down far more than XLA does), with the CPU
 contention measured while timing. Times are whole `generate` calls (prompt prefill and the canvas commit included)
 divided by the denoising steps. Last, plain autoregressive decoding (`ar_generate`, greedy, no end
-ids) of `ar_tokens` tokens on the same trunk.
+ids) of `ar_tokens` tokens on the same trunk (the first --impls path).
 """
 
 import statistics
@@ -43,6 +44,8 @@ _REPS = flags.DEFINE_integer("reps", 3, "Timed runs per side (interleaved).")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens.")
 _AR_TOKENS = flags.DEFINE_integer("ar_tokens", 256, "Tokens decoded autoregressively.")
 _THREADS = flags.DEFINE_integer("threads", 2, "torch intra-op threads.")
+_IMPLS = flags.DEFINE_list("impls", ["ragged", "dense", "auto"],
+                           "dgemma MoE paths to time (model.moe_impl; 'capacity:F' sets moe_capacity_factor=F).")
 
 CANVAS = 256
 TEXT = dict(vocab_size=8192, hidden_size=256, intermediate_size=512, num_hidden_layers=6,
@@ -72,6 +75,12 @@ def cpu_pressure():
     return None
 
 
+def moe_overrides(spec: str) -> dict:
+  """'ragged' | 'dense' | 'auto' | 'capacity:F' -> model config overrides."""
+  impl, _, factor = spec.partition(":")
+  return dict(moe_impl=impl, **({"moe_capacity_factor": float(factor)} if factor else {}))
+
+
 def main(argv):
   del argv
   torch.set_num_threads(_THREADS.value)
@@ -79,7 +88,7 @@ def main(argv):
   hf = hf_model()
   with tempfile.TemporaryDirectory() as tmp:
     hf_utils.save(hf, tmp)
-    dg = {impl: load_hf_checkpoint(tmp, config_overrides=dict(moe_impl=impl)) for impl in ("ragged", "dense")}
+    dg = {spec: load_hf_checkpoint(tmp, config_overrides=moe_overrides(spec)) for spec in _IMPLS.value}
   prompt = np.random.default_rng(0).integers(3, TEXT["vocab_size"], (1, _PROMPT_LEN.value)).astype(np.int32)
   prompt[0, 0] = 2  # BOS
 
@@ -123,7 +132,7 @@ def main(argv):
   best = {name: min(v) for name, v in times.items()}
 
   # autoregressive decoding on the same trunk (greedy, no end ids: exactly ar_tokens tokens)
-  mcfg, params = dg["dense"]
+  mcfg, params = dg[_IMPLS.value[0]]
   model, params = Transformer(mcfg), jax.device_put(params)
   A = _AR_TOKENS.value
 
@@ -151,7 +160,7 @@ def main(argv):
     print(f"{name:<22} {t:>8.2f} {t / steps:>8.3f} {N / t:>9.1f} {med['HF eager'] / t:>6.2f} "
           f"{best[name] / steps:>12.3f} {best['HF eager'] / best[name]:>6.2f}   "
           + " ".join(f"{x:.2f}" for x in times[name]))
-  print(f"{'AR dgemma (dense MoE)':<22} {ar_s:>8.2f} {ar_s / A:>8.4f} {A / ar_s:>9.1f}   "
+  print(f"{'AR dgemma (' + _IMPLS.value[0] + ')':<22} {ar_s:>8.2f} {ar_s / A:>8.4f} {A / ar_s:>9.1f}   "
         f"greedy, {A} tokens + {prompt.shape[1]}-token prefill, one T=1 encoder pass per token; s/step = s/token")
   if pressure0 is not None:
     stalled = (cpu_pressure() - pressure0) / (time.perf_counter() - t_start)

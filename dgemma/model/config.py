@@ -39,12 +39,12 @@ class ModelConfig:
     final_logit_softcap: logits = c * tanh(logits / c); 0 disables.
     rms_eps: RMSNorm epsilon.
     self_conditioning: whether the decoder has the self-conditioning module.
-    moe_impl: 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts, test reference),
-      'capacity' (fixed per-expert slabs + batched matmuls, ragged fallback on overflow; the fast one
-      on GPU, docs/benchmarks.md), 'expert_parallel' (experts sharded over the mesh axis 'expert',
-      all-to-all token exchange), 'tokamax' (the ragged path on tokamax.ragged_dot: Pallas kernels on
-      GPU / TPU, quantized experts fed to its quantized kernels; XLA on CPU) or 'auto' (per platform
-      at trace time, dgemma.model.moe.resolve_impl).
+    moe_impl: 'auto' (the default: per platform at trace time from measured figures,
+      dgemma.model.moe.resolve_impl), 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts,
+      test reference), 'capacity' (fixed per-expert slabs + batched matmuls, ragged fallback on overflow;
+      the fast one on CPU, docs/benchmarks.md), 'expert_parallel' (experts sharded over the mesh axis
+      'expert', all-to-all token exchange) or 'tokamax' (the ragged path on tokamax.ragged_dot: Pallas
+      kernels on GPU / TPU, quantized experts fed to its quantized kernels; XLA on CPU).
     moe_capacity_factor: moe_impl='capacity': slab rows per expert = this x the mean load T*k/E.
     scan_layers: apply repeated layer-pattern blocks with `nn.scan` over stacked weights.
     remat: rematerialisation policy name for each block ('none', 'full', 'dots').
@@ -77,7 +77,7 @@ class ModelConfig:
   final_logit_softcap: float = 30.0
   rms_eps: float = 1e-6
   self_conditioning: bool = True
-  moe_impl: str = "ragged"
+  moe_impl: str = "auto"
   moe_capacity_factor: float = 4.0
   scan_layers: bool = True
   remat: str = "none"

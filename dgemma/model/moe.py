@@ -305,19 +305,27 @@ def experts_capacity(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dty
   return jax.lax.cond(jnp.max(group_sizes_E) > C, ragged, slabs, x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk)
 
 
-_AUTO_IMPL = {"cpu": "capacity", "gpu": "tokamax", "tpu": "tokamax"}
+_AUTO_IMPL = {"cpu": "capacity", "gpu": "dense", "tpu": "ragged"}
 
 
 def resolve_impl(impl: str, backend: str | None = None) -> str:
   """`cfg.moe_impl` with 'auto' replaced by the implementation for `backend` (default: JAX's default
-  backend, read at trace time): CPU -> 'capacity', GPU / TPU -> 'tokamax' (Pallas kernels), any other
-  backend -> 'ragged'. CPU: `bench/moe.py --sizes=small` (2 shared cores, the `small` preset's MoE
-  layer: d 256, 8 experts top-2, expert hidden 256, 2048 tokens, fp32; median ms of 3 / 5 interleaved
-  rounds, two runs), forward | forward+backward:
-    capacity (factor 2)  53 / 52 | 325 / 208      ragged   177 / 175 | 633 / 619
-    tokamax (XLA)       265 / 178 | 630 / 629      dense    155 / 154 | 588 / 618
-    capacity (factor 4, the default; C = T here) 102 | 307, ragged 177 | 623, tokamax 178 | 615.
-  ('tokamax' on CPU is XLA's ragged_dot, i.e. 'ragged'). GPU / TPU: not measured yet (issue #17)."""
+  backend, read at trace time): CPU -> 'capacity', GPU -> 'dense', TPU and any other backend -> 'ragged'.
+  Measured (docs/benchmarks.md):
+  - CPU, `bench/moe.py --sizes=small` (2 shared cores, the `small` preset's MoE layer: d 256, 8 experts
+    top-2, expert hidden 256, 2048 tokens, fp32; median ms of 3 / 5 interleaved rounds, two runs),
+    forward | forward+backward:
+      capacity (factor 2)  53 / 52 | 325 / 208      ragged   177 / 175 | 633 / 619
+      tokamax (XLA)       265 / 178 | 630 / 629      dense    155 / 154 | 588 / 618
+      capacity (factor 4, the default; C = T here) 102 | 307, ragged 177 | 623, tokamax 178 | 615.
+    ('tokamax' on CPU is XLA's ragged_dot, i.e. 'ragged'.) Whole sampler step, bench/sampler_vs_hf.py
+    (d 256, 8 experts top-2, 256-token canvas): capacity (factor 4) 0.089 s, dense 0.092 s, ragged 0.111 s.
+    Factor 2 is faster on balanced routers (0.069 s) but a trained router overflows it every call, so the
+    ragged fallback runs; the default factor 4 gives C = T here, which never overflows.
+  - GPU (one H200, the full 26B-A4B, bf16, bench/gpu_full_model.py): dense 56.9 ms per denoising step,
+    ragged 176.8 ms (jax 0.11.2's ragged_dot lowering is no grouped GEMM). 'tokamax' (its Mosaic GPU
+    kernel) and 'capacity' have no GPU figure yet (issue #17), so 'auto' takes the measured best.
+  - TPU: not measured; 'ragged' (XLA's native ragged dot)."""
   if impl != "auto":
     return impl
   return _AUTO_IMPL.get(backend or jax.default_backend(), "ragged")
