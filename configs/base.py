@@ -150,8 +150,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Ablations (defaults = released sampler).
   config.sample.sampler = "released"     # 'released' | 'ancestral' (uniform-state posterior q(z_s|z_t, x_theta)
                                          # from t=1 to 0 over max_denoising_steps; no acceptance/early stop;
-                                         # loo-trained models get their loo x0 logits) | 'masked' (MDLM reveal
+                                         # loo-trained models get their loo x0 logits) | 'pc' (predictor-
+                                         # corrector: each ancestral pass followed by pc_corrector_steps
+                                         # passes re-drawing z ~ alpha x_theta + (1 - alpha)/N at its level,
+                                         # the same max_denoising_steps passes in all) | 'masked' (MDLM reveal
                                          # sampling from all-mask; the only sampler for objective='mdlm')
+  config.sample.pc_corrector_steps = 1   # sampler='pc': correctors per predictor (steps % (1 + this) == 0)
   config.sample.acceptance = "entropy_bound"  # 'entropy_bound' | 'confidence' | 'fixed_k'
   config.sample.accept_confidence = 0.9  # acceptance='confidence': top probability >= this
   config.sample.accept_k = 1             # acceptance='fixed_k': tokens accepted per step
@@ -161,11 +165,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.sample.renoise_confidence = 0.1  # renoise='low_confidence': re-noise a held token below this
   config.sample.top_k = 0                # logit shaping after the temperature (0 = off)
   config.sample.top_p = 1.0              # nucleus shaping (1.0 = off)
-  config.sample.alpha_schedule = "linear"  # sampler='ancestral' / 'masked': a schedule of dgemma/diffusion/
+  config.sample.alpha_schedule = "linear"  # sampler='ancestral' / 'pc' / 'masked': a schedule of dgemma/diffusion/
                                          # schedules.py ('linear' alpha = 1 - t | 'cosine' | 'loglinear' (MDLM/
                                          # UDLM) alpha = exp(-sigma), sigma = -log(1 - (1 - eps) t))
   config.sample.schedule_eps = 1e-3      # eps of the 'loglinear' schedule (alpha(1) = eps)
-  config.sample.greedy_last_step = True  # sampler='ancestral': last step takes argmax(x_theta)
+  config.sample.greedy_last_step = True  # 'ancestral' / 'pc': last step takes argmax(x_theta)
   config.sample.infill = ()              # ((response position, token id), ...) held fixed in every row
   config.sample.seed = 0
   config.sample.checkpoint_step = -1     # -1 = latest
@@ -202,6 +206,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.reference = ""             # samples: AR checkpoint (diffusion.objective='ar', same tokenizer)
                                          # for generative perplexity; '' = not reported
   config.eval.ar_temperature = 1.0       # samples from an AR checkpoint: 0 = greedy
+  config.eval.real_words = ""            # samples: real_word_rate against the words (lowercased letter runs)
+                                         # of 'train' (the run's training split; data.source 'shakespeare' /
+                                         # 'files') or of a .txt file ('' = not reported)
   config.eval.samples_out = ""           # samples: write every sample as JSONL here ('' = do not)
   config.eval.out = ""                   # likelihood / samples: write the summary JSON here ('' = print only)
   config.eval.seed = 0                   # noise for the likelihood's t and z_t draws

@@ -271,6 +271,7 @@ class EvalSettings:
   prompts: str
   reference: str
   ar_temperature: float
+  real_words: str
   samples_out: str
   out: str
   seed: int
@@ -469,7 +470,8 @@ def _sampler(s, diffusion: DiffusionSettings, data: DataSettings, vocab_size: in
       confidence_threshold=_float("sample.confidence_threshold", s.confidence_threshold, 0.0),
       early_exit=_bool("sample.early_exit", s.early_exit),
       self_conditioning=_bool("sample.self_conditioning", s.self_conditioning),
-      sampler=s.sampler, acceptance=s.acceptance,
+      sampler=s.sampler, pc_corrector_steps=_int("sample.pc_corrector_steps", s.pc_corrector_steps, 1),
+      acceptance=s.acceptance,
       accept_confidence=_float("sample.accept_confidence", s.accept_confidence, 0.0, 1.0),
       accept_k=_int("sample.accept_k", s.accept_k, 1), renoise=s.renoise,
       renoise_confidence=_float("sample.renoise_confidence", s.renoise_confidence, 0.0, 1.0),
@@ -516,6 +518,7 @@ def _eval(e) -> EvalSettings:
       batch_size=_int("eval.batch_size", e.batch_size, 1), num_samples=_int("eval.num_samples", e.num_samples, 1),
       prompts=_str("eval.prompts", e.prompts), reference=_str("eval.reference", e.reference),
       ar_temperature=_float("eval.ar_temperature", e.ar_temperature, 0.0),
+      real_words=_str("eval.real_words", e.real_words),
       samples_out=_str("eval.samples_out", e.samples_out), out=_str("eval.out", e.out),
       seed=_int("eval.seed", e.seed))
 

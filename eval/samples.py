@@ -14,6 +14,10 @@ reference, samples_out, out) in configs/base.py; flags of the same name override
   unigram_entropy    mean over samples of the entropy (nats) of the sample's token histogram (low = repetitive)
   distinct_1/2/3     distinct n-grams / all n-grams over all samples (token ids)
   rep_4              mean over samples of the fraction of 4-grams that repeat an earlier 4-gram of the sample
+  real_word_rate     with eval.real_words set: the share of the samples' words (lowercased letter runs, over
+                     all samples) that occur in that corpus ('train': the run's training split; or a .txt
+                     file); real_word_rate_heldout: the same count on the run's validation split, the
+                     yardstick ('train' with a validation split only)
   decoder_passes     mean forward passes per sample (AR: one per token); passes_per_canvas; tokens_per_forward
   wall_s, tokens_per_s  one generate call, compiled beforehand (compile + first call: first_call_s)
 
@@ -27,7 +31,9 @@ import collections
 import functools
 import json
 import math
+import re
 import time
+from pathlib import Path
 from typing import Optional, Sequence
 
 import jax
@@ -36,6 +42,7 @@ import numpy as np
 
 import dgemma
 from dgemma import api, checkpoints, files
+from dgemma.data import builder as data_builder
 from dgemma.diffusion.likelihood import causal_nll
 from dgemma.errors import ConfigError
 from dgemma.sampling import num_canvases
@@ -71,6 +78,55 @@ def repetition_rate(samples: Sequence[Sequence[int]], n: int = 4) -> float:
     if grams:
       rates.append(1.0 - len(set(grams)) / len(grams))
   return float(np.mean(rates)) if rates else float("nan")
+
+
+_WORD = re.compile(r"[a-z]+")
+
+
+def words(text: str) -> list[str]:
+  """The words of a text: its lowercased letter runs (a-z; "o'er" is 'o' and 'er')."""
+  return _WORD.findall(text.lower())
+
+
+def real_word_rate(texts: Sequence[str], vocabulary: frozenset[str]) -> float:
+  """The share of the words of all `texts` that are in `vocabulary` (nan when the texts have no words)."""
+  all_words = [w for t in texts for w in words(t)]
+  return sum(w in vocabulary for w in all_words) / len(all_words) if all_words else float("nan")
+
+
+_LOCAL_SOURCES = ("shakespeare", "files")
+
+
+def check_real_words(settings) -> None:
+  """eval.real_words: '' | 'train' (a local text source) | an existing .txt file; checked before loading."""
+  spec = settings.eval.real_words
+  if spec == "train":
+    if settings.data.source not in _LOCAL_SOURCES or settings.data.format == "sft":
+      raise ConfigError(f"eval.real_words='train' needs a plain-text training corpus built here (data.source in "
+                        f"{_LOCAL_SOURCES}, data.format 'text'), got data.source={settings.data.source!r}; "
+                        "pass a .txt file instead")
+  elif spec and not Path(spec).is_file():
+    raise ConfigError(f"eval.real_words: {spec!r} is neither 'train' nor an existing text file")
+
+
+@functools.lru_cache(maxsize=4)
+def _split_texts(data_settings, split: str) -> tuple[str, ...]:
+  source = data_builder.build_local_dataset(data_settings).as_data_source(split=split)
+  return tuple(str(source[i]["text"].decode("utf-8") if isinstance(source[i]["text"], bytes) else source[i]["text"])
+               for i in range(len(source)))
+
+
+def real_word_corpora(settings) -> tuple[frozenset[str], list[str]]:
+  """(the vocabulary of eval.real_words, held-out texts for the yardstick: the validation split's
+  documents with 'train' and a validation split, else none)."""
+  spec = settings.eval.real_words
+  if spec == "train":
+    vocabulary = frozenset(w for t in _split_texts(settings.data, "train") for w in words(t))
+    heldout = []
+    if settings.data.validation_fraction > 0:
+      heldout = list(_split_texts(settings.data, "validation"))
+    return vocabulary, heldout
+  return frozenset(words(Path(spec).read_text(encoding="utf-8", errors="replace"))), []
 
 
 def same_tokenizer(a, b) -> bool:
@@ -151,6 +207,11 @@ def sample_metrics(model: dgemma.Model, reference: Optional[dgemma.Model] = None
              "unigram_entropy": float(np.mean([unigram_entropy(x) for x in bodies])),
              "distinct_1": distinct_n(bodies, 1), "distinct_2": distinct_n(bodies, 2),
              "distinct_3": distinct_n(bodies, 3), "rep_4": repetition_rate(bodies, 4)}
+  if st.eval.real_words:
+    vocabulary, heldout = real_word_corpora(st)
+    summary["real_word_rate"] = real_word_rate([r.text for r in results], vocabulary)
+    if heldout:
+      summary["real_word_rate_heldout"] = real_word_rate(heldout, vocabulary)
   nll_B = None
   if ref is not None:
     nll_B = reference_nll(ref, ids, [r.token_ids for r in results])
@@ -183,6 +244,7 @@ def run(checkpoint: str, config: Optional[ml_collections.ConfigDict], *, step: i
     api.read_prompts(settings.eval.prompts, "eval.prompts")
   if settings.eval.reference:
     checkpoints.kind(settings.eval.reference, "eval.reference (--reference)")
+  check_real_words(settings)
   model = dgemma.load(checkpoint, step=step, config=config)
   summary, records = sample_metrics(model)
   text = json.dumps(summary, indent=2)
@@ -203,6 +265,7 @@ if __name__ == "__main__":
       num_samples=("integer", "eval.num_samples."),
       prompts=("string", "eval.prompts: a .txt/.jsonl prompts file."),
       reference=("string", "eval.reference: AR checkpoint for generative perplexity."),
+      real_words=("string", "eval.real_words: 'train' or a .txt corpus for real_word_rate."),
       samples_out=("string", "eval.samples_out: JSONL of the samples."),
       out=("string", "eval.out: write the summary JSON here."))
   cli_flags.main(main, "eval.samples")

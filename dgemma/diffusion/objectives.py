@@ -200,7 +200,7 @@ class Objective:
   loss: Callable | None
   leave_one_out: bool = False
   loss_is_nelbo: bool = False
-  samplers: tuple[str, ...] = ("released", "ancestral")
+  samplers: tuple[str, ...] = ("released", "ancestral", "pc")
 
   @property
   def autoregressive(self) -> bool:

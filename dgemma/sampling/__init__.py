@@ -1,5 +1,5 @@
 """DiffusionGemma sampling: the released entropy-bound sampler, its ablations (incl. uniform-state
-ancestral sampling and MDLM masked sampling) and block-autoregressive generation.
+ancestral, predictor-corrector and MDLM masked sampling) and block-autoregressive generation.
 
   from dgemma.sampling import SamplerConfig, generate
   cfg = dgemma.settings.from_config(config).sample.sampler   # config.sample + config.diffusion.canvas_len
@@ -7,6 +7,7 @@ ancestral sampling and MDLM masked sampling) and block-autoregressive generation
   out.tokens_BN, out.lengths_B, out.tokens_per_forward_B
 
   cfg = SamplerConfig(sampler="ancestral", alpha_schedule="loglinear")     # posterior sampling
+  cfg = SamplerConfig(sampler="pc", max_denoising_steps=16, pc_corrector_steps=1)  # 8 predictor + 8 corrector
   cfg = SamplerConfig(sampler="masked", mask_id=4)                        # MDLM baseline models
   cfg = SamplerConfig(show="live"); generate(..., step_callback=LivePrinter(tokenizer.decode))
 

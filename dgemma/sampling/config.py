@@ -40,7 +40,12 @@ class SamplerConfig:
     self_conditioning: feed the previous step's processed logits back (False = zero signal, as in
       training without self-conditioning).
   Ablations (defaults reproduce the release):
-    sampler: 'released' | 'ancestral' (uniform-state posterior sampling; module docstring).
+    sampler: 'released' | 'ancestral' (uniform-state posterior sampling; module docstring) | 'pc'
+      (predictor-corrector: ancestral predictor passes, each followed by pc_corrector_steps corrector
+      passes at the new noise level, within the same max_denoising_steps passes; rules._pc_update) |
+      'masked' (MDLM, for mdlm-trained runs).
+    pc_corrector_steps: sampler='pc': corrector passes per predictor pass (>= 1; max_denoising_steps
+      must be a multiple of 1 + this).
     acceptance: 'entropy_bound' | 'confidence' (positions whose top probability >= accept_confidence)
       | 'fixed_k' (the accept_k lowest-entropy positions). At least one open position is accepted.
     renoise: 'non_accepted' (released: every non-accepted position gets a fresh uniform token,
@@ -50,7 +55,7 @@ class SamplerConfig:
       it is re-noised and its position is open again; open non-accepted positions get fresh tokens).
     top_k / top_p: logit shaping after the temperature (0 / 1.0 = off); the shaped logits are used
       for sampling, entropy, argmax, stopping and self-conditioning alike.
-    alpha_schedule / schedule_eps / greedy_last_step: samplers 'ancestral' and 'masked' (see `alpha`).
+    alpha_schedule / schedule_eps / greedy_last_step: samplers 'ancestral', 'pc' and 'masked' (see `alpha`).
     mask_id: sampler='masked': the mask token (diffusion.mask_id of the mdlm training run).
     loo_logits: the model was trained with a leave-one-out objective (set from diffusion.objective);
       sampler='ancestral' then adds the loo shift to the logits (module docstring).
@@ -79,6 +84,7 @@ class SamplerConfig:
   early_exit: bool = True
   self_conditioning: bool = True
   sampler: str = "released"
+  pc_corrector_steps: int = 1
   acceptance: str = "entropy_bound"
   accept_confidence: float = 0.9
   accept_k: int = 1
@@ -122,6 +128,11 @@ class SamplerConfig:
     need(all(i >= 0 for i in self.end_ids), f"sample.end_ids must be token ids >= 0, got {self.end_ids}")
     need(self.pad_id not in self.end_ids, f"sample.end_ids must not contain the pad id {self.pad_id}")
     one_of("sampler", tuple(rules.KINDS))
+    need(self.pc_corrector_steps >= 1, f"sample.pc_corrector_steps must be >= 1, got {self.pc_corrector_steps}")
+    if self.sampler == "pc":
+      need(self.max_denoising_steps % (1 + self.pc_corrector_steps) == 0,
+           f"sample.sampler='pc': sample.max_denoising_steps={self.max_denoising_steps} must be a multiple of "
+           f"1 + sample.pc_corrector_steps = {1 + self.pc_corrector_steps} (whole predictor-corrector rounds)")
     one_of("acceptance", tuple(rules.ACCEPTANCE))
     need(0.0 <= self.accept_confidence <= 1.0,
          f"sample.accept_confidence must be in [0, 1], got {self.accept_confidence}")

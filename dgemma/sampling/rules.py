@@ -2,7 +2,7 @@
 (temperature, logit shaping, entropy, alpha), and three tables the loop and the settings check query by
 name: which positions a released step accepts (`ACCEPTANCE`, `sample.acceptance`), what happens to the
 others (`RENOISE`, `sample.renoise`), and how each sampler turns logits into the next canvas (`KINDS`,
-`sample.sampler`: released, ancestral, masked). Adding a rule touches only this file (and its test).
+`sample.sampler`: released, ancestral, pc, masked). Adding a rule touches only this file (and its test).
 
 Acceptance rule: fn(rank_entropy_BC, logp_BCV, cfg) -> bool [B, C], where rank_entropy_BC is the
 per-position entropy with positions outside the rule (held or infilled) set to +inf, logp_BCV the
@@ -228,11 +228,44 @@ def _masked_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC,
   return z_BC, state.held_BC, z_BC != cfg.mask_id, z_BC
 
 
+def _pc_alphas(cfg, s) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """sampler='pc': (is_corrector, alpha_in, alpha_out) of pass s. The S passes are n = S / (1 + c) rounds of
+  one predictor pass and c = cfg.pc_corrector_steps corrector passes; round i's predictor goes from
+  t = 1 - i/n to 1 - (i+1)/n (alpha_in -> alpha_out), its correctors stay at alpha_out."""
+  per_round = 1 + cfg.pc_corrector_steps
+  n = jnp.float32(cfg.max_denoising_steps // per_round)
+  i = jnp.asarray(s // per_round, jnp.float32)
+  corrector = (s % per_round) != 0
+  alpha_next = alpha(cfg, 1.0 - (i + 1.0) / n)
+  return corrector, jnp.where(corrector, alpha_next, alpha(cfg, 1.0 - i / n)), alpha_next
+
+
+def _pc_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC, fixed_BC, fixed_mask_BC):
+  """sampler='pc': a predictor pass is the ancestral posterior draw z_s ~ q(z_s | z_t, x_theta) (as
+  `_ancestral_update`, on the round grid of `_pc_alphas`); a corrector pass at level alpha re-draws every
+  position from the forward marginal of the model's x0 prediction, z ~ alpha x_theta + (1 - alpha) / N:
+  a Gibbs move z -> x0 ~ x_theta(z) -> z' ~ q(z' | x0) that leaves q(z_t) invariant when x_theta is the
+  true posterior (a forward-backward corrector; predictor-corrector samplers for uniform-state diffusion:
+  the Duo follow-up, arXiv 2602.21185). The last pass takes argmax(x_theta) with greedy_last_step."""
+  corrector, alpha_in, alpha_out = _pc_alphas(cfg, s)
+  x_BCV = jnp.exp(logp_BCV)
+  q_pred_BCV = posteriors.uniform_posterior(x_BCV, state.canvas_BC, alpha_in, jnp.maximum(alpha_out, alpha_in))
+  q_corr_BCV = alpha_out * x_BCV + (1.0 - alpha_out) / x_BCV.shape[-1]
+  z_BC = noise.sample(canvas_idx, s, jnp.log(jnp.where(corrector, q_corr_BCV, q_pred_BCV)))
+  if cfg.greedy_last_step:
+    z_BC = jnp.where(s == cfg.max_denoising_steps - 1, argmax_BC, z_BC)
+  if fixed_mask_BC is not None:
+    z_BC = jnp.where(fixed_mask_BC, fixed_BC, z_BC)
+  return z_BC, state.held_BC, z_BC == argmax_BC, z_BC
+
+
 def _loo_x0_logits(logits_BCV, state, cfg, s):
-  """sampler='ancestral' on a leave-one-out model: the x0 logits that objective trains."""
+  """sampler='ancestral' / 'pc' on a leave-one-out model: the x0 logits that objective trains, at the
+  level of the pass's input canvas."""
   if not cfg.loo_logits:
     return logits_BCV
-  alpha_t = jnp.broadcast_to(_step_alphas(cfg, s)[0], state.canvas_BC.shape)
+  alpha_in = _pc_alphas(cfg, s)[1] if cfg.sampler == "pc" else _step_alphas(cfg, s)[0]
+  alpha_t = jnp.broadcast_to(alpha_in, state.canvas_BC.shape)
   return objectives.loo_logits(logits_BCV, state.canvas_BC, alpha_t)
 
 
@@ -264,5 +297,6 @@ class SamplerKind:
 KINDS: dict[str, SamplerKind] = {k.name: k for k in (
     SamplerKind("released", _released_step, returns_argmax=True, stops_early=True),
     SamplerKind("ancestral", _posterior_step(_ancestral_update), x0_logits=_loo_x0_logits),
+    SamplerKind("pc", _posterior_step(_pc_update), x0_logits=_loo_x0_logits),
     SamplerKind("masked", _posterior_step(_masked_update), x0_logits=_without_mask_token, starts_masked=True),
 )}

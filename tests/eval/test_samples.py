@@ -29,6 +29,24 @@ def test_text_statistics_by_hand():
   np.testing.assert_allclose(samples.repetition_rate([[1, 2, 3, 1, 2, 3, 1], [1, 2, 3, 4]], 4), (0.25 + 0.0) / 2)
 
 
+def test_real_word_rate_by_hand(tiny_config, tmp_path):
+  assert samples.words("O'er the KING's 2 heads!") == ["o", "er", "the", "king", "s", "heads"]
+  vocab = frozenset({"the", "king", "s"})
+  # 6 words: the, king, s in the vocabulary (3); o, er, heads not
+  assert samples.real_word_rate(["O'er the KING's 2 heads!"], vocab) == 0.5
+  assert samples.real_word_rate(["the", "zzz the"], vocab) == pytest.approx(2 / 3)  # pooled over texts
+  assert math.isnan(samples.real_word_rate(["123 ..."], vocab))
+  # eval.real_words is checked before anything loads, naming the field
+  config = tiny_config
+  settings = lambda value: settings_lib.from_config(settings_lib.with_overrides(config, {"eval.real_words": value}))
+  samples.check_real_words(settings("train"))  # data.source 'files': fine
+  with pytest.raises(ConfigError, match="eval.real_words: '/nope.txt' is neither"):
+    samples.check_real_words(settings("/nope.txt"))
+  sudoku = settings_lib.with_overrides(config, {"eval.real_words": "train", "data.source": "sudoku"})
+  with pytest.raises(ConfigError, match="eval.real_words='train' needs"):
+    samples.check_real_words(settings_lib.from_config(sudoku))
+
+
 def _ckpt(config, objective):
   """A dgemma.Model of random weights with `config`'s settings and `objective` (nothing on disk)."""
   config = settings_lib.from_json(settings_lib.to_json(config))
@@ -67,6 +85,24 @@ def test_sample_metrics_diffusion_and_ar(tiny_config, tmp_path):
   assert abs(summary["gen_nll"] - math.log(260)) < 1.5
   samples.write_jsonl(str(tmp_path / "s.jsonl"), records)
   assert [json.loads(l)["prompt"] for l in (tmp_path / "s.jsonl").read_text().splitlines()] == [r["prompt"] for r in records]
+
+  assert "real_word_rate" not in summary  # eval.real_words = '' (the default)
+
+  # eval.real_words: 'train' (the toy corpus's training split) and a file; the yardstick on validation text
+  words_file = tmp_path / "words.txt"
+  words_file.write_text("the King thy lord\n")
+  model = _ckpt(config, "base_ce")
+  for spec in ("train", str(words_file)):
+    with_words = model.with_config(settings_lib.with_overrides(model.config, {"eval.real_words": spec}))
+    words_summary, words_records = samples.sample_metrics(with_words)
+    vocabulary, heldout = samples.real_word_corpora(with_words.settings)
+    want = samples.real_word_rate([r["text"] for r in words_records], vocabulary)
+    assert words_summary["real_word_rate"] == want or (math.isnan(want) and math.isnan(words_summary["real_word_rate"]))
+    if spec == "train":
+      assert {"the", "king"} <= vocabulary and heldout
+      assert 0.5 < words_summary["real_word_rate_heldout"] <= 1.0  # held-out text of the same toy corpus
+    else:
+      assert vocabulary == {"the", "king", "thy", "lord"} and "real_word_rate_heldout" not in words_summary
 
   # AR checkpoint, greedy: one forward per token, deterministic
   greedy = ref.with_config(settings_lib.with_overrides(ref.config, {"eval.ar_temperature": 0.0}))
@@ -128,8 +164,10 @@ def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus
   with pytest.raises(ConfigError, match="settings 'masked'.*sample.sampler"):
     ablate.check_ablation(bad)
   # the shipped sweeps are valid
-  from configs.ablations import renoise_sudoku, steps_quality, training_choices
+  from configs.ablations import pc_sampler, renoise_sudoku, steps_quality, training_choices
   assert len(ablate.check_ablation(steps_quality.get_config())) == 10
+  pcs = ablate.check_ablation(pc_sampler.get_config())
+  assert len(pcs) == 15 and not any(ablate._needs_training(overrides) for _, _, overrides in pcs)
   assert len(ablate.check_ablation(renoise_sudoku.get_config())) == 9
   choices = ablate.check_ablation(training_choices.get_config())
   assert [name for name, _, overrides in choices if ablate._needs_training(overrides)] == [

@@ -373,6 +373,7 @@ def test_bf16_close_to_fp32():
     assert np.mean(a.argmax(-1) == b.argmax(-1)) > 0.9
 
 
+@pytest.mark.slow  # float64 whole-model runs of five cache layouts (about 35 s): make test runs it
 def test_ring_cache_equals_the_full_cache():
   """Sliding layers' window-sized ring (init_cache(sliding_ring=True), as generation uses it) against the
   full cache, through what the samplers do: a right-padded prompt longer than the window (one encode of

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dgemma.errors import ConfigError
 from dgemma.sampling import (FixedNoise, JaxNoise, SamplerConfig, alpha, canvas_result,
                              initial_canvas, masked_posterior, row_keys, uniform_posterior)
 from tests.sampling.helpers import V_SYN, C_SYN, B_SYN, synthetic_decode, denoise_fixed
@@ -97,6 +98,57 @@ def test_ancestral_steps_draw_from_the_posterior():
   np.testing.assert_array_equal(canvas_result(st, cfg), st.canvas_BC)
   np.testing.assert_array_equal(st.canvas_BC, traj.argmax_SBC[-1])
   np.testing.assert_array_equal(st.canvas_BC[0], 5)   # the confident row lands on its token
+
+
+def test_pc_passes_alternate_posterior_and_corrector_draws():
+  """sampler='pc' with one corrector: pass 2i draws from q(. | z, x) from t = 1 - i/n to 1 - (i+1)/n
+  (n = S/2 rounds), pass 2i+1 from alpha x + (1 - alpha)/N at the new level; the last pass is greedy;
+  S passes in all, no early stopping; the result is the final canvas."""
+  S_A = 6
+  noise = _gumbel_noise(5, S_A, np.random.RandomState(4).randint(0, V_SYN, (B_SYN, C_SYN)))
+  cfg = SamplerConfig(canvas_len=C_SYN, max_denoising_steps=S_A, end_ids=(1,), sampler="pc",
+                      pc_corrector_steps=1, alpha_schedule="loglinear", confidence_threshold=1e9)
+  st = jax.tree.map(np.asarray, denoise_fixed(synthetic_decode, cfg, noise, noise.init_canvas_NBC[0]))
+  traj = st.traj
+  assert traj.active_SB.all() and (st.num_forwards_B == S_A).all()
+  n, eps = S_A // 2, 1e-3
+  alpha_np = lambda t: 1 - (1 - eps) * t
+  kinds = []
+  for s in range(S_A):
+    z = traj.canvas_SBC[s]
+    logits = np.asarray(synthetic_decode(jnp.asarray(z), None, None), np.float64)
+    x = _softmax64(logits / (0.4 + 0.4 * (S_A - s) / S_A))
+    i, corrector = divmod(s, 2)
+    a_out = alpha_np(1 - (i + 1) / n)
+    if s == S_A - 1:
+      want = x.argmax(-1)
+    elif corrector:
+      with np.errstate(divide="ignore"):
+        want = np.argmax(np.log(a_out * x + (1 - a_out) / V_SYN) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
+    else:
+      q = np.array([[_posterior_numpy(x[b, c], z[b, c], alpha_np(1 - i / n), a_out) for c in range(C_SYN)]
+                    for b in range(B_SYN)])
+      with np.errstate(divide="ignore"):
+        want = np.argmax(np.log(q) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
+    kinds.append("corrector" if corrector else "predictor")
+    np.testing.assert_array_equal(traj.sampled_SBC[s], want, err_msg=f"pass {s} ({kinds[-1]})")
+    if s + 1 < S_A:
+      np.testing.assert_array_equal(traj.canvas_SBC[s + 1], want)
+  np.testing.assert_array_equal(canvas_result(st, cfg), st.canvas_BC)
+  np.testing.assert_array_equal(st.canvas_BC[0], 5)   # the confident row lands on its token
+  # a corrector draw is not the predictor's: on the same noise, ancestral over the same passes differs
+  anc = dataclasses.replace(cfg, sampler="ancestral")
+  traj_anc = jax.tree.map(np.asarray, denoise_fixed(synthetic_decode, anc, noise, noise.init_canvas_NBC[0])).traj
+  assert not np.array_equal(traj_anc.sampled_SBC[1:], traj.sampled_SBC[1:])
+
+
+def test_pc_settings_are_checked():
+  with pytest.raises(ConfigError, match="pc_corrector_steps"):
+    SamplerConfig(sampler="pc", max_denoising_steps=6, pc_corrector_steps=0)
+  with pytest.raises(ConfigError, match=r"max_denoising_steps=7 must be a multiple of 1 \+ sample.pc_corrector_steps = 2"):
+    SamplerConfig(sampler="pc", max_denoising_steps=7, pc_corrector_steps=1)
+  SamplerConfig(sampler="pc", max_denoising_steps=9, pc_corrector_steps=2)
+  SamplerConfig(sampler="ancestral", max_denoising_steps=7)  # the multiple applies to 'pc' only
 
 
 def _gumbel_noise(seed, steps, init_BC):

@@ -32,6 +32,7 @@ def _setup(config):
   return settings, mesh, optimizer, schedule
 
 
+@pytest.mark.slow  # 40 training steps
 def test_train_steps_lower_loss_on_fixed_batch(tiny_config):
   config = tiny_config
   config.train.num_steps = 40

@@ -60,6 +60,7 @@ def test_diverging_run_halts_naming_the_step_and_keeps_the_last_good_checkpoint(
   assert model.step == last
 
 
+@pytest.mark.slow  # a whole 12-step run with a checkpoint every step
 def test_skip_mode_drops_nonfinite_updates_and_counts_them(tiny_config, tmp_path):
   config = tiny_config
   config.opt.lr, config.train.num_steps, config.train.ckpt_every, config.train.log_every = 1e30, 12, 1, 1
@@ -144,6 +145,7 @@ def test_train_py_exits_nonzero_on_divergence(tiny_config, tmp_path):
 
 # ---- resuming ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a whole run, then a resume attempt
 def test_resume_with_another_architecture_is_refused_before_writing(tiny_config, tmp_path):
   config = tiny_config
   config.train.num_steps = 2
