@@ -43,6 +43,7 @@ import numpy as np
 import dgemma
 from dgemma import api, checkpoints, files
 from dgemma.data import builder as data_builder
+from dgemma.data import pipeline
 from dgemma.diffusion.likelihood import causal_nll
 from dgemma.errors import ConfigError
 from dgemma.sampling import num_canvases
@@ -94,26 +95,24 @@ def real_word_rate(texts: Sequence[str], vocabulary: frozenset[str]) -> float:
   return sum(w in vocabulary for w in all_words) / len(all_words) if all_words else float("nan")
 
 
-_LOCAL_SOURCES = ("shakespeare", "files")
-
-
 def check_real_words(settings) -> None:
-  """eval.real_words: '' | 'train' (a local text source) | an existing .txt file; checked before loading."""
+  """eval.real_words: '' | 'train' (a plain-text corpus built here) | an existing .txt file; checked before loading."""
   spec = settings.eval.real_words
   if spec == "train":
-    if settings.data.source not in _LOCAL_SOURCES or settings.data.format == "sft":
-      raise ConfigError(f"eval.real_words='train' needs a plain-text training corpus built here (data.source in "
-                        f"{_LOCAL_SOURCES}, data.format 'text'), got data.source={settings.data.source!r}; "
-                        "pass a .txt file instead")
+    try:
+      local = data_builder.make_builder_config(settings.data)  # only local text sources have one
+    except ConfigError as e:
+      raise ConfigError(f"eval.real_words='train' needs a training corpus built here: {e}; pass a .txt file "
+                        "instead") from e
+    if local.format == "sft":
+      raise ConfigError("eval.real_words='train' needs plain text, not data.format='sft' rows; pass a .txt file")
   elif spec and not Path(spec).is_file():
     raise ConfigError(f"eval.real_words: {spec!r} is neither 'train' nor an existing text file")
 
 
 @functools.lru_cache(maxsize=4)
 def _split_texts(data_settings, split: str) -> tuple[str, ...]:
-  source = data_builder.build_local_dataset(data_settings).as_data_source(split=split)
-  return tuple(str(source[i]["text"].decode("utf-8") if isinstance(source[i]["text"], bytes) else source[i]["text"])
-               for i in range(len(source)))
+  return tuple(pipeline.local_texts(data_settings, split))
 
 
 def real_word_corpora(settings) -> tuple[frozenset[str], list[str]]:

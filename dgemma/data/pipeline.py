@@ -84,6 +84,14 @@ def _as_text(value) -> str:
   return str(value)
 
 
+def local_texts(data, split: str) -> Iterator[str]:
+  """The documents of one split of a local text source (data.source 'shakespeare' / 'files'), built once
+  and cached like `prepare_local` builds them, without the tokenizer."""
+  source = builder_lib.build_local_dataset(data).as_data_source(split=split)
+  for index in range(len(source)):
+    yield _as_text(source[index]["text"])
+
+
 def prepare_local(settings) -> PreparedData:
   """A text source built here (data.source 'shakespeare' or 'files'): the dataset and its tokenizer."""
   builder = builder_lib.build_local_dataset(settings.data)
