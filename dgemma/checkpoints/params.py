@@ -22,6 +22,8 @@ from typing import Any, Mapping
 import numpy as np
 import orbax.checkpoint as ocp
 
+from dgemma.checkpoints.orbax_logs import quiet_orbax
+
 PARAMS = "params"
 MODEL_CONFIG = "model_config.json"
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")  # a SentencePiece model, else an HF tokenizers file
@@ -50,6 +52,7 @@ def save_params(path: str | os.PathLike, params: Any, model_config_dict: Mapping
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
   try:
+    quiet_orbax()
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(tmp / PARAMS, params)
     ckptr.wait_until_finished()
@@ -83,6 +86,7 @@ def read_header(path: str | os.PathLike) -> tuple[Path, dict]:
 def load_params(path: str | os.PathLike) -> tuple[Any, dict]:
   """Returns (params as a nested dict of numpy arrays, model config dict)."""
   path, model_config = read_header(path)
+  quiet_orbax()
   ckptr = ocp.StandardCheckpointer()
   try:
     params = ckptr.restore(path / PARAMS)

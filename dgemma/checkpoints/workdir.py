@@ -31,6 +31,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from dgemma import distributed, files
+from dgemma.checkpoints.orbax_logs import quiet_orbax
 from dgemma.errors import CheckpointError
 
 STATE = "state"
@@ -63,6 +64,7 @@ def write_config_json(workdir: str | os.PathLike, text: str) -> None:
 
 def make_manager(workdir: str | os.PathLike, *, keep: int = 3, async_save: bool = True,
                  read_only: bool = False) -> ocp.CheckpointManager:
+  quiet_orbax()
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                          create=not read_only, read_only=read_only)
   return ocp.CheckpointManager(checkpoint_dir(workdir), item_names=(STATE, DATA_ITER), options=options)
@@ -140,6 +142,7 @@ def restore_params(workdir: str | os.PathLike, step: int, abstract_params: Any) 
   """Only the params of a run checkpoint, onto the shardings of `abstract_params` (the optimizer state
   is never read: Orbax's partial restore of the `params` subtree)."""
   restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype), abstract_params)
+  quiet_orbax()
   checkpointer = ocp.PyTreeCheckpointer()
   try:
     restored = checkpointer.restore(step_dir(workdir, step) / STATE, args=ocp.args.PyTreeRestore(

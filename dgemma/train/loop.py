@@ -20,7 +20,6 @@ Safety, in order (docs/reliability.md):
 
 from __future__ import annotations
 
-import logging as py_logging
 import math
 import shutil
 import time
@@ -31,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import flags, logging
+from absl import logging
 from tqdm import tqdm
 
 from dgemma import data as data_lib
@@ -40,27 +39,9 @@ from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import workdir as workdir_ckpt
+from dgemma.checkpoints.orbax_logs import quiet_orbax
 from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged
 from dgemma.train import evaluate, metrics as metrics_lib, optimizer as optimizer_lib, state as state_lib, step as step_lib
-
-
-class _QuietOrbax(py_logging.Filter):
-  """Drops Orbax's INFO records (thousands per run) unless --verbosity asks for more than INFO."""
-
-  def filter(self, record: py_logging.LogRecord) -> bool:
-    if record.levelno >= py_logging.WARNING or "/orbax/" not in record.pathname.replace("\\", "/"):
-      return True
-    return flags.FLAGS.is_parsed() and flags.FLAGS["verbosity"].value > 0
-
-
-_QUIET_ORBAX = _QuietOrbax()
-
-
-def quiet_orbax() -> None:
-  """Installs the Orbax filter on absl's logger (idempotent)."""
-  logger = py_logging.getLogger("absl")
-  if _QUIET_ORBAX not in logger.filters:
-    logger.addFilter(_QUIET_ORBAX)
 
 
 def prepare_data(settings):
