@@ -115,17 +115,20 @@ def _split_texts(data_settings, split: str) -> tuple[str, ...]:
   return tuple(pipeline.local_texts(data_settings, split))
 
 
-def real_word_corpora(settings) -> tuple[frozenset[str], list[str]]:
+@functools.lru_cache(maxsize=4)
+def _split_vocabulary(data_settings, split: str) -> frozenset[str]:
+  """The words of a split, derived once per process (a sweep scores many settings against one corpus)."""
+  return frozenset(w for t in pipeline.local_texts(data_settings, split) for w in words(t))
+
+
+def real_word_corpora(settings) -> tuple[frozenset[str], tuple[str, ...]]:
   """(the vocabulary of eval.real_words, held-out texts for the yardstick: the validation split's
   documents with 'train' and a validation split, else none)."""
   spec = settings.eval.real_words
   if spec == "train":
-    vocabulary = frozenset(w for t in _split_texts(settings.data, "train") for w in words(t))
-    heldout = []
-    if settings.data.validation_fraction > 0:
-      heldout = list(_split_texts(settings.data, "validation"))
-    return vocabulary, heldout
-  return frozenset(words(Path(spec).read_text(encoding="utf-8", errors="replace"))), []
+    heldout = _split_texts(settings.data, "validation") if settings.data.validation_fraction > 0 else ()
+    return _split_vocabulary(settings.data, "train"), heldout
+  return frozenset(words(Path(spec).read_text(encoding="utf-8", errors="replace"))), ()
 
 
 def same_tokenizer(a, b) -> bool:

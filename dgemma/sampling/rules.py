@@ -249,9 +249,11 @@ def _pc_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC, fixed
   the Duo follow-up, arXiv 2602.21185). The last pass takes argmax(x_theta) with greedy_last_step."""
   corrector, alpha_in, alpha_out = _pc_alphas(cfg, s)
   x_BCV = jnp.exp(logp_BCV)
-  q_pred_BCV = posteriors.uniform_posterior(x_BCV, state.canvas_BC, alpha_in, alpha_out)  # unused on correctors
-  q_corr_BCV = alpha_out * x_BCV + (1.0 - alpha_out) / x_BCV.shape[-1]
-  z_BC = noise.sample(canvas_idx, s, jnp.log(jnp.where(corrector, q_corr_BCV, q_pred_BCV)))
+  q_BCV = jax.lax.cond(  # one [B, C, V] distribution per pass, not both
+      corrector,
+      lambda x: alpha_out * x + (1.0 - alpha_out) / x.shape[-1],
+      lambda x: posteriors.uniform_posterior(x, state.canvas_BC, alpha_in, alpha_out), x_BCV)
+  z_BC = noise.sample(canvas_idx, s, jnp.log(q_BCV))
   if cfg.greedy_last_step:
     z_BC = jnp.where(s == cfg.max_denoising_steps - 1, argmax_BC, z_BC)
   if fixed_mask_BC is not None:
