@@ -68,6 +68,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.diffusion.reweight_cap = 10.0   # reweighted_*: cap on the time weight (reached at t = 1 - 1/cap)
   config.diffusion.mask_id = 4           # objective='mdlm': the mask token (Gemma MASK = 4); must be unused
   config.diffusion.antithetic_t = False  # t_b = eps + (1-eps) frac(u + b/B): low-variance t (NELBO eval)
+  config.diffusion.t_power = 1.0         # training times t = eps + (1 - eps) u^t_power (1 = uniform; 2, 3: more
+                                         # low-noise examples, density ~ t^(1/p - 1); the eval bound still
+                                         # integrates t uniformly, and the train-time canvas_nelbo metric is
+                                         # importance-weighted back to it)
 
   # SFT data and block-causal multi-canvas training (dgemma/data/sft.py; dgemma/diffusion/loss.py docstring).
   config.data.format = "text"            # 'text' (packed documents) | 'sft' (.jsonl prompt/response or chat)

@@ -186,6 +186,7 @@ class DiffusionSettings:
   reweight_cap: float = 10.0
   mask_id: int = 4
   antithetic_t: bool = False
+  t_power: float = 1.0
   canvases_per_row: int = 1
 
   @property
@@ -379,6 +380,7 @@ def _diffusion(d, seq_len: int) -> DiffusionSettings:
       reweight_cap=_float("diffusion.reweight_cap", d.reweight_cap, 1.0),
       mask_id=_int("diffusion.mask_id", d.mask_id, 0),
       antithetic_t=_bool("diffusion.antithetic_t", d.antithetic_t),
+      t_power=_float("diffusion.t_power", d.t_power, 0.0, 10.0, lo_open=True),
       canvases_per_row=_int("diffusion.canvases_per_row", d.canvases_per_row, 1))
   _need(out.canvas_len < seq_len, "diffusion.canvas_len",
         f"canvas of {out.canvas_len} tokens does not fit in data.seq_len={seq_len} "

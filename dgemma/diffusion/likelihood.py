@@ -12,13 +12,14 @@ canvases of
   (1 - t_eps) E_{t ~ U(t_eps, 1), z_t}[ sum_i integrand_i(t) ]  +  E_{z_t_eps}[ -log p(x | z_t_eps) ]
 
 (docs/model.md, "The likelihood bound"): the continuous-time NELBO integrated over [t_eps, 1] (the
-objective record's `nelbo_per_token`: the uniform-state integrand, or MDLM's for masked models),
-Monte-Carlo over eval.num_t_samples antithetic times t_m = t_eps + (1 - t_eps) frac(u + m/M) per canvas,
-plus the reconstruction term at t_eps. The prior term KL(q(z_1 | x) || p(z_1)) is 0 (alpha(1) = 0: z_1 is
-uniform, or all-mask for MDLM). Reconstruction: the model's last reverse step q(z_0 | z_t_eps, x_theta) is
-proportional to x_theta(x) q(z_t_eps | x), i.e. the CE of softmax(f + log(1 + N alpha / (1 - alpha))
-onehot(z)) (`objectives.loo_cross_entropy`); for MDLM it is x_theta's CE on the still-masked tokens and 0
-elsewhere. It is computed, not assumed ~0.
+objective record's `nelbo_per_token`: the uniform-state integrand of the model's leave-one-out prediction
+x_theta = p(x_i | z_-i), or MDLM's for masked models; objectives.py docstring: feeding the posterior
+p(x_i | z) instead counts z_i twice), Monte-Carlo over eval.num_t_samples antithetic times
+t_m = t_eps + (1 - t_eps) frac(u + m/M) per canvas, plus the reconstruction term at t_eps. The prior term
+KL(q(z_1 | x) || p(z_1)) is 0 (alpha(1) = 0: z_1 is uniform, or all-mask for MDLM). Reconstruction: the
+model's last reverse step q(z_0 | z_t_eps, x_theta) is proportional to x_theta(x) q(z_t_eps | x), i.e. the CE
+of the model's posterior p(x | z_t_eps) (`Objective.reconstruction_per_token`); for MDLM it is x_theta's CE
+on the still-masked tokens and 0 elsewhere. It is computed, not assumed ~0.
 
 AR models (diffusion.objective='ar') get the exact NLL of the same canvases given the same context
 windows, in the same units. Standard errors are over canvases (ratio estimator of total nats / tokens),
@@ -147,17 +148,17 @@ def canvas_keys(seed: int, doc_B: jax.Array, canvas_B: jax.Array) -> jax.Array:
   return jax.vmap(lambda d, c: jax.random.fold_in(jax.random.fold_in(base, d), c))(doc_B, canvas_B)
 
 
-def canvas_bound_terms(x0_logits_fn: Callable, canvas_BC: jax.Array, weights_BC: jax.Array, keys_B: jax.Array, *,
+def canvas_bound_terms(logits_fn: Callable, canvas_BC: jax.Array, weights_BC: jax.Array, keys_B: jax.Array, *,
                        num_t: int, loss_cfg, vocab_size: int) -> tuple[jax.Array, jax.Array]:
   """Per canvas: (sum over tokens of the NELBO integrand at each of num_t antithetic times [B, M],
   sum over tokens of the reconstruction term at t_eps [B]).
 
-  x0_logits_fn(noisy_BC, alpha_B) -> x_theta logits [B, C, V]. Row b draws t from key split(keys_B[b])[0]
-  and z_t for sample m (m = num_t: the reconstruction at t_eps) from fold_in(split(keys_B[b])[1], m).
+  logits_fn(noisy_BC, alpha_B) -> the network's canvas logits [B, C, V], read through the objective record
+  (`loo_prior_logits` for the integrand, `posterior_logits` for the reconstruction). Row b draws t from key
+  split(keys_B[b])[0] and z_t for sample m (m = num_t: the reconstruction at t_eps) from fold_in(split(keys_B[b])[1], m).
   """
   objective = objectives.get(loss_cfg.objective)
-  mdlm = objective.masked
-  mask_id = loss_cfg.mask_id if mdlm else None
+  mask_id = loss_cfg.mask_id if objective.masked else None
   split_B2 = jax.vmap(lambda k: jax.random.split(k))(keys_B)
   t_BM = jax.vmap(lambda k: antithetic_times(k, num_t, loss_cfg.t_eps))(split_B2[:, 0])
   t_MB = jnp.concatenate([t_BM, jnp.full((keys_B.shape[0], 1), loss_cfg.t_eps, jnp.float32)], axis=1).T
@@ -168,16 +169,12 @@ def canvas_bound_terms(x0_logits_fn: Callable, canvas_BC: jax.Array, weights_BC:
     alpha_B, dalpha_B = schedules.alpha_and_derivative(loss_cfg.schedule, t_B, loss_cfg.schedule_eps)
     noise_keys_B = jax.vmap(lambda k: jax.random.fold_in(k, m))(split_B2[:, 1])
     noisy_BC, _ = corrupt_rows(noise_keys_B, canvas_BC, 1.0 - alpha_B, vocab_size, mask_id=mask_id)
-    logits_BCV = x0_logits_fn(noisy_BC, alpha_B)
+    logits_BCV = logits_fn(noisy_BC, alpha_B)
     alpha_BC = jnp.broadcast_to(alpha_B[:, None], canvas_BC.shape)
     dalpha_BC = jnp.broadcast_to(dalpha_B[:, None], canvas_BC.shape)
-    if mdlm:  # logits_BCV are already the x0 logits (x0_logits_fn)
-      integrand_BC = objectives.mdlm_nelbo_per_token(logits_BCV, canvas_BC, noisy_BC, alpha_BC, dalpha_BC, mask_id)
-      no_mask_BCV = jnp.where(jnp.arange(vocab_size) == mask_id, -jnp.inf, logits_BCV)
-      recon_BC = jnp.where(noisy_BC == mask_id, objectives.cross_entropy(no_mask_BCV, canvas_BC), 0.0)
-    else:
-      integrand_BC = objectives.uniform_nelbo_per_token(logits_BCV, canvas_BC, noisy_BC, alpha_BC, dalpha_BC)
-      recon_BC = objectives.loo_cross_entropy(logits_BCV, canvas_BC, noisy_BC, alpha_BC)
+    integrand_BC = objective.nelbo_per_token(logits_BCV, canvas_BC, noisy_BC, alpha_BC, dalpha_BC,
+                                             mask_id=loss_cfg.mask_id)
+    recon_BC = objective.reconstruction_per_token(logits_BCV, canvas_BC, noisy_BC, alpha_BC, mask_id=loss_cfg.mask_id)
     return None, (jnp.sum(integrand_BC * weights_BC, -1), jnp.sum(recon_BC * weights_BC, -1))
 
   _, (integrand_MB, recon_MB) = jax.lax.scan(one, None, (jnp.arange(num_t + 1), t_MB))
@@ -199,17 +196,16 @@ def _diffusion_batch(params, rows, doc_B, canvas_B, seed, *, model_cfg: ModelCon
   _, cache = model.apply({"params": params}, ctx["tokens"], ctx["positions"], ctx["segment_ids"], cache,
                          return_logits=False, method=Transformer.encode)
 
-  def x0_logits_fn(noisy_BC, alpha_B):
+  def logits_fn(noisy_BC, alpha_B):
     decode = lambda sc: model.apply({"params": params}, noisy_BC, canvas["positions"], canvas["segment_ids"], cache,
                                     sc_logits_BCV=sc, method=Transformer.decode)
     logits_BCV = decode(None)
     if self_conditioning and model_cfg.self_conditioning:  # training's second pass: pass-1 logits as the signal
       logits_BCV = decode(logits_BCV)
-    alpha_BC = jnp.broadcast_to(alpha_B[:, None], noisy_BC.shape)
-    return objectives.get(loss_cfg.objective).x0_logits(logits_BCV, noisy_BC, alpha_BC)
+    return logits_BCV
 
   keys_B = canvas_keys(seed, doc_B, canvas_B)
-  return canvas_bound_terms(x0_logits_fn, canvas["tokens"], canvas["segment_ids"] != 0, keys_B, num_t=num_t,
+  return canvas_bound_terms(logits_fn, canvas["tokens"], canvas["segment_ids"] != 0, keys_B, num_t=num_t,
                             loss_cfg=loss_cfg, vocab_size=model_cfg.vocab_size)
 
 

@@ -91,12 +91,25 @@ def batch_totals(batch: dict[str, jax.Array], loss_cfg) -> dict[str, jax.Array]:
 
 def sample_times(keys_B: jax.Array, example_ids_B: jax.Array, rng: jax.Array, num_examples: jax.Array,
                  loss_cfg) -> jax.Array:
-  """t ~ U(t_eps, 1) per example; antithetic: t_b = t_eps + (1 - t_eps) frac(u + id_b / B), one u per batch."""
+  """t = t_eps + (1 - t_eps) u^p per example, u ~ U(0, 1), p = diffusion.t_power (1: t ~ U(t_eps, 1));
+  antithetic: u_b = frac(u + id_b / B), one u per batch."""
   if loss_cfg.antithetic_t:
     u_B = jnp.mod(jax.random.uniform(rng, ()) + example_ids_B.astype(jnp.float32) / num_examples, 1.0)
   else:
     u_B = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys_B)
+  if loss_cfg.t_power != 1.0:
+    u_B = u_B ** loss_cfg.t_power
   return loss_cfg.t_eps + (1.0 - loss_cfg.t_eps) * u_B
+
+
+def uniform_time_weight(t_B: jax.Array, loss_cfg) -> jax.Array:
+  """1 / (density of `sample_times` relative to U(t_eps, 1)) = p v^(1 - 1/p), v = (t - t_eps) / (1 - t_eps):
+  weighting a per-example quantity by it turns an average over the training times into one over uniform t."""
+  p = loss_cfg.t_power
+  if p == 1.0:
+    return jnp.ones_like(t_B)
+  v_B = jnp.clip((t_B - loss_cfg.t_eps) / (1.0 - loss_cfg.t_eps), 0.0, 1.0)
+  return p * v_B ** (1.0 - 1.0 / p)
 
 
 def sum_sown_router_losses(intermediates: Any) -> dict[str, jax.Array]:
@@ -197,9 +210,10 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   metrics.update(canvas_loss=canvas_loss, canvas_ce=ce_sum / n_canvas, canvas_accuracy=correct / n_canvas,
                  canvas_tokens=n_local,
                  corrupted_fraction=jnp.sum(replaced_BC * canvas_w_BC) / n_canvas)
-  if eval_metrics:
+  if eval_metrics:  # (an unbiased estimate under uniform t whatever diffusion.t_power is)
     nelbo_BC = loss_BC if objective.loss_is_nelbo else objective.nelbo_per_token(
         logits_BCV, targets_BC, noisy_BC, alpha_BC, dalpha_BC, mask_id=loss_cfg.mask_id)
+    nelbo_BC = nelbo_BC * per_token(uniform_time_weight(t_B, loss_cfg))
     metrics["canvas_nelbo"] = jnp.sum(nelbo_BC * canvas_w_BC) / n_canvas
   loss = canvas_loss
   if want_enc_logits:

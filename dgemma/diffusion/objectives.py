@@ -19,12 +19,34 @@ Objectives (`per_token_loss(name, ...)`):
                      since q(z | x) / q(z | x' != z) = (alpha + (1 - alpha)/N) / ((1 - alpha)/N)
                      = 1 + N alpha / (1 - alpha) = exp(delta) for x = z.
   reweighted_loo_ce  w(t) * loo_ce.
-  nelbo              the continuous-time uniform-state NELBO integrand (`uniform_nelbo_per_token`).
+  nelbo              the continuous-time uniform-state NELBO integrand (`uniform_nelbo_per_token`) of
+                     x_theta = softmax(f - delta onehot(z)): the network keeps the posterior meaning of
+                     every other objective here (and of the released model), the NELBO gets its
+                     leave-one-out form (below).
+  loo_nelbo          the same NELBO with x_theta = softmax(f): the network itself must output the
+                     leave-one-out distribution (UDLM / Duo's parameterisation).
+  loo_nelbo_ce       loo_nelbo + loo_ce: both are minimised by the true leave-one-out distribution, so
+                     their sum is too; loo_ce's bounded per-token loss keeps learning where the NELBO
+                     alone stalls, and the NELBO's clean-token term (about 1 / (N x_theta[z]) for a kept
+                     token, whatever t) stops the network from learning "never my own input token",
+                     which loo_ce alone does not penalise at low noise (docs/results.md, issue #18).
   mdlm               masked-diffusion NELBO: -alpha'/(1 - alpha) CE (mask logit removed) on masked
                      positions, 0 elsewhere (Sahoo et al. 2024; SUBS parameterisation).
   ar                 (handled by the caller: next-token CE of the causal encoder, no canvas.)
 
-Each objective is a record of `OBJECTIVES` (its corruption, per-token loss, x0 logits, whether it is
+What x_theta is (checked by enumeration in tests/diffusion/test_objectives.py). The uniform NELBO and the
+ancestral posterior q(z_s | z_t, x_theta) (dgemma/sampling/posteriors.py) are exact, i.e. the NELBO equals
+-log p(x) and the ancestral step is the true reverse marginal, when x_theta at position i is the
+leave-one-out distribution p(x_i | z_t without position i), NOT the posterior p(x_i | z_t): the evidence
+of z_i itself enters through the formulas (the reverse jump rate to j is xbar_j / xbar_{z_i},
+xbar = N alpha x_theta + 1 - alpha, and the true ratio q_t(z with z_i = j) / q_t(z) has exactly this form
+with x_theta = p(x_i | z_-i)). Feeding the posterior counts z_i twice. The two are one shift apart:
+p(x_i | z) is proportional to p(x_i | z_-i) q(z_i | x_i), so log p(x_i | z) = f_loo + delta onehot(z_i)
++ const (`posterior_from_loo`, `loo_from_posterior`). Each record says what its network output f stands
+for (`leave_one_out`); `posterior_logits` / `loo_prior_logits` convert it for the released sampler (which
+reads posteriors) and for the NELBO and the ancestral / pc samplers (which read leave-one-out priors).
+
+Each objective is a record of `OBJECTIVES` (its corruption, per-token loss, what its output stands for, whether it is
 leave-one-out, which samplers fit it); callers query the record instead of comparing names, so adding an
 objective touches only this file (and its test).
 """
@@ -88,12 +110,22 @@ def loo_cross_entropy(logits_NV: jax.Array, x0_N: jax.Array, zt_N: jax.Array, al
   return logz_N - _gather(logits_NV, x0_N) - jnp.where(x0_N == zt_N, delta_N, 0.0)
 
 
-def loo_logits(logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
-  """f + delta onehot(z): the x0 logits a loo-trained model stands for (sampling / NELBO eval)."""
+def posterior_from_loo(logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
+  """f + delta onehot(z): the posterior logits log p(x | z_t) from leave-one-out logits f = log p(x | z_t minus
+  this token) (Bayes: p(x_i | z) is proportional to p(x_i | z_-i) q(z_i | x_i), and q(z_i | x_i) is
+  (1 - alpha)/N times 1 + rho [x_i = z_i], rho = N alpha / (1 - alpha), delta = log(1 + rho))."""
   logits_NV = logits_NV.astype(jnp.float32)
   delta_N = jax.nn.softplus(log_snr(alpha_N, logits_NV.shape[-1]))
   is_z_NV = jnp.arange(logits_NV.shape[-1], dtype=jnp.int32) == zt_N[..., None]
   return logits_NV + jnp.where(is_z_NV, delta_N[..., None], 0.0)
+
+
+def loo_from_posterior(logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
+  """f - delta onehot(z): the inverse of `posterior_from_loo` (leave-one-out logits from posterior logits)."""
+  logits_NV = logits_NV.astype(jnp.float32)
+  delta_N = jax.nn.softplus(log_snr(alpha_N, logits_NV.shape[-1]))
+  is_z_NV = jnp.arange(logits_NV.shape[-1], dtype=jnp.int32) == zt_N[..., None]
+  return logits_NV - jnp.where(is_z_NV, delta_N[..., None], 0.0)
 
 
 # ---- uniform-state NELBO -------------------------------------------------------------------------
@@ -172,7 +204,16 @@ def _reweighted_loo_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap
 
 
 def _nelbo(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+  return uniform_nelbo_per_token(loo_from_posterior(logits_NV, zt_N, alpha_N), x0_N, zt_N, alpha_N, dalpha_N)
+
+
+def _loo_nelbo(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
   return uniform_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N)
+
+
+def _loo_nelbo_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+  return uniform_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N) + loo_cross_entropy(
+      logits_NV, x0_N, zt_N, alpha_N)
 
 
 def _mdlm(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
@@ -189,8 +230,8 @@ class Objective:
   corruption: 'uniform' (tokens replaced by uniform random tokens), 'mask' (by diffusion.mask_id) or
     'none' (autoregressive: no canvas, next-token CE of the causal encoder over the whole row).
   loss: per-token canvas loss fn(logits, x0, zt, alpha, alpha', *, reweight_cap, mask_id) (None for AR).
-  leave_one_out: the network output f stands for x0 logits f + delta onehot(z) (`loo_logits`); the
-    x0 prediction of every other objective is f itself.
+  leave_one_out: the network output f stands for the leave-one-out logits log p(x_i | z_-i) (loo_ce,
+    reweighted_loo_ce, loo_nelbo); otherwise for the posterior logits log p(x_i | z) (module docstring).
   loss_is_nelbo: the training loss is already the NELBO integrand (the eval metric reuses it).
   samplers: the `sample.sampler` values that fit a model trained this way (() for AR: no canvas sampler).
   """
@@ -210,17 +251,31 @@ class Objective:
   def masked(self) -> bool:
     return self.corruption == MASK
 
-  def x0_logits(self, logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
-    """The x0-prediction logits the objective trains (fp32)."""
+  def posterior_logits(self, logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
+    """log p(x_i | z_t) (up to a constant): the x0 prediction the released sampler reads (fp32)."""
     if self.leave_one_out:
-      return loo_logits(logits_NV, zt_N, alpha_N)
+      return posterior_from_loo(logits_NV, zt_N, alpha_N)
     return logits_NV.astype(jnp.float32)
 
+  def loo_prior_logits(self, logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
+    """log p(x_i | z_t without i): the x_theta of the uniform NELBO and the ancestral posterior (fp32)."""
+    if self.leave_one_out:
+      return logits_NV.astype(jnp.float32)
+    return loo_from_posterior(logits_NV, zt_N, alpha_N)
+
   def nelbo_per_token(self, logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, mask_id: int) -> jax.Array:
-    """The NELBO integrand of the model's x0 prediction at (alpha, alpha') (fp32 [N])."""
+    """The NELBO integrand of the model's prediction at (alpha, alpha') (fp32 [N])."""
     if self.masked:
       return mdlm_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, mask_id)
-    return uniform_nelbo_per_token(self.x0_logits(logits_NV, zt_N, alpha_N), x0_N, zt_N, alpha_N, dalpha_N)
+    return uniform_nelbo_per_token(self.loo_prior_logits(logits_NV, zt_N, alpha_N), x0_N, zt_N, alpha_N, dalpha_N)
+
+  def reconstruction_per_token(self, logits_NV, x0_N, zt_N, alpha_N, *, mask_id: int) -> jax.Array:
+    """-log p(x | z_t) of the model's last reverse step to t = 0 (fp32 [N]): the posterior's CE (uniform),
+    x_theta's CE on the still-masked tokens and 0 elsewhere (mdlm)."""
+    if self.masked:
+      no_mask_NV = jnp.where(jnp.arange(logits_NV.shape[-1]) == mask_id, -jnp.inf, logits_NV.astype(jnp.float32))
+      return jnp.where(zt_N == mask_id, cross_entropy(no_mask_NV, x0_N), 0.0)
+    return cross_entropy(self.posterior_logits(logits_NV, zt_N, alpha_N), x0_N)
 
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
@@ -229,6 +284,8 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("loo_ce", UNIFORM, _loo_ce, leave_one_out=True),
     Objective("reweighted_loo_ce", UNIFORM, _reweighted_loo_ce, leave_one_out=True),
     Objective("nelbo", UNIFORM, _nelbo, loss_is_nelbo=True),
+    Objective("loo_nelbo", UNIFORM, _loo_nelbo, leave_one_out=True, loss_is_nelbo=True),
+    Objective("loo_nelbo_ce", UNIFORM, _loo_nelbo_ce, leave_one_out=True),
     Objective("mdlm", MASK, _mdlm, loss_is_nelbo=True, samplers=("masked",)),
     Objective("ar", NONE, None, samplers=()),
 )}

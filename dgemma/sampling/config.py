@@ -42,7 +42,8 @@ class SamplerConfig:
   Ablations (defaults reproduce the release):
     sampler: 'released' | 'ancestral' (uniform-state posterior sampling; module docstring) | 'pc'
       (predictor-corrector: ancestral predictor passes, each followed by pc_corrector_steps corrector
-      passes at the new noise level, within the same max_denoising_steps passes; rules._pc_update) |
+      passes at the new noise level (the last round's before its predictor to t = 0), within the same
+      max_denoising_steps passes; rules._pc_alphas) |
       'masked' (MDLM, for mdlm-trained runs).
     pc_corrector_steps: sampler='pc': corrector passes per predictor pass (>= 1; max_denoising_steps
       must be a multiple of 1 + this).
@@ -57,8 +58,9 @@ class SamplerConfig:
       for sampling, entropy, argmax, stopping and self-conditioning alike.
     alpha_schedule / schedule_eps / greedy_last_step: samplers 'ancestral', 'pc' and 'masked' (see `alpha`).
     mask_id: sampler='masked': the mask token (diffusion.mask_id of the mdlm training run).
-    loo_logits: the model was trained with a leave-one-out objective (set from diffusion.objective);
-      sampler='ancestral' then adds the loo shift to the logits (module docstring).
+    loo_logits: the model's output is the leave-one-out prior (a leave-one-out objective, set from
+      diffusion.objective): samplers 'ancestral' / 'pc' read it as it is, and otherwise take the loo shift off
+      a posterior output (dgemma/sampling/sampler.py docstring).
   Limits and display:
     max_context: positions the model may use: prompt + every canvas must fit (`check_request`).
     show: 'none' | 'live' (a host callback per denoising step, `dgemma.sampling.live`).

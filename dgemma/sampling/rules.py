@@ -195,23 +195,35 @@ def _posterior_step(posterior_update):
     ent_BC, logp_BCV = entropy(proc_BCV)
     if fixed_mask_BC is not None:
       argmax_BC = jnp.where(fixed_mask_BC, fixed_BC, argmax_BC)
-    canvas_BC, held_BC, accepted_BC, shown_BC = posterior_update(
+    canvas_BC, held_BC, accepted_BC, shown_BC, argmax_BC = posterior_update(
         state, cfg, noise, canvas_idx, s, logp_BCV, argmax_BC, fixed_BC, fixed_mask_BC)
     return canvas_BC, held_BC, accepted_BC, shown_BC, canvas_BC, argmax_BC, ent_BC
   return step
 
 
+def _posterior_argmax(logp_BCV, argmax_BC, z_BC, alpha, fixed_BC, fixed_mask_BC):
+  """argmax of the posterior p(x_i | z_t) = softmax(logp + delta(alpha) onehot(z_t)) from the leave-one-out
+  logp and its argmax, without another [B, C, V] pass: z_t wins where logp_z + delta >= max logp."""
+  delta = jax.nn.softplus(objectives.log_snr(alpha, logp_BCV.shape[-1]))
+  logp_z_BC = jnp.take_along_axis(logp_BCV, z_BC[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  logp_max_BC = jnp.max(logp_BCV, axis=-1)
+  out_BC = jnp.where(logp_z_BC + delta >= logp_max_BC, z_BC, argmax_BC).astype(jnp.int32)
+  return out_BC if fixed_mask_BC is None else jnp.where(fixed_mask_BC, fixed_BC, out_BC)
+
+
 def _ancestral_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC,
                       fixed_BC, fixed_mask_BC):
-  """One posterior draw z_s ~ q(z_s | z_t, x_theta) from t = 1 - s/S to s = 1 - (s+1)/S."""
+  """One posterior draw z_s ~ q(z_s | z_t, x_theta) from t = 1 - s/S to s = 1 - (s+1)/S; the argmax
+  reported (and taken by a greedy last step, whose alpha_s = 1 makes q the posterior) is the posterior's."""
   alpha_t, alpha_s = _step_alphas(cfg, s)
+  argmax_BC = _posterior_argmax(logp_BCV, argmax_BC, state.canvas_BC, alpha_t, fixed_BC, fixed_mask_BC)
   q_BCV = posteriors.uniform_posterior(jnp.exp(logp_BCV), state.canvas_BC, alpha_t, alpha_s)
   z_BC = noise.sample(canvas_idx, s, jnp.log(q_BCV))
   if cfg.greedy_last_step:
     z_BC = jnp.where(s == cfg.max_denoising_steps - 1, argmax_BC, z_BC)
   if fixed_mask_BC is not None:
     z_BC = jnp.where(fixed_mask_BC, fixed_BC, z_BC)
-  return z_BC, state.held_BC, z_BC == argmax_BC, z_BC
+  return z_BC, state.held_BC, z_BC == argmax_BC, z_BC, argmax_BC
 
 
 def _masked_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC,
@@ -225,50 +237,64 @@ def _masked_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC,
     z_BC = jnp.where(last_BC, argmax_BC, z_BC)
   if fixed_mask_BC is not None:
     z_BC = jnp.where(fixed_mask_BC, fixed_BC, z_BC)
-  return z_BC, state.held_BC, z_BC != cfg.mask_id, z_BC
+  return z_BC, state.held_BC, z_BC != cfg.mask_id, z_BC, argmax_BC
 
 
 def _pc_alphas(cfg, s) -> tuple[jax.Array, jax.Array, jax.Array]:
   """sampler='pc': (is_corrector, alpha_in, alpha_out) of pass s. The S passes are n = S / (1 + c) rounds of
   one predictor pass and c = cfg.pc_corrector_steps corrector passes; round i's predictor goes from
-  t = 1 - i/n to 1 - (i+1)/n (alpha_in -> alpha_out), its correctors stay at alpha_out."""
+  t = 1 - i/n to 1 - (i+1)/n (alpha_in -> alpha_out) and its correctors stay at the new level, except in the
+  last round: there the correctors come first, at t = 1/n, and the predictor to t = 0 is the last pass (a
+  corrector at t = 0 would be a no-op: the posterior of a clean canvas is the canvas)."""
   per_round = 1 + cfg.pc_corrector_steps
-  n = jnp.float32(cfg.max_denoising_steps // per_round)
-  i = jnp.asarray(s // per_round, jnp.float32)
-  corrector = (s % per_round) != 0
-  alpha_next = alpha(cfg, 1.0 - (i + 1.0) / n)
-  return corrector, jnp.where(corrector, alpha_next, alpha(cfg, 1.0 - i / n)), alpha_next
+  n = cfg.max_denoising_steps // per_round
+  i, j = s // per_round, s % per_round
+  last_round = i == n - 1
+  corrector = jnp.where(last_round, j != per_round - 1, j != 0)
+  i_f, n_f = jnp.asarray(i, jnp.float32), jnp.float32(n)
+  alpha_i, alpha_next = alpha(cfg, 1.0 - i_f / n_f), alpha(cfg, 1.0 - (i_f + 1.0) / n_f)
+  level = jnp.where(last_round, alpha_i, alpha_next)
+  return corrector, jnp.where(corrector, level, alpha_i), jnp.where(corrector, level, alpha_next)
 
 
 def _pc_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC, fixed_BC, fixed_mask_BC):
   """sampler='pc': a predictor pass is the ancestral posterior draw z_s ~ q(z_s | z_t, x_theta) (as
   `_ancestral_update`, on the round grid of `_pc_alphas`); a corrector pass at level alpha re-draws every
-  position from the forward marginal of the model's x0 prediction, z ~ alpha x_theta + (1 - alpha) / N:
-  a Gibbs move z -> x0 ~ x_theta(z) -> z' ~ q(z' | x0) that leaves q(z_t) invariant when x_theta is the
-  true posterior (a forward-backward corrector; predictor-corrector samplers for uniform-state diffusion:
-  the Duo follow-up, arXiv 2602.21185). The last pass takes argmax(x_theta) with greedy_last_step."""
+  position from the forward marginal of the model's posterior, z ~ alpha p(x0 | z) + (1 - alpha) / N:
+  a Gibbs move z -> x0 ~ p(x0 | z) -> z' ~ q(z' | x0) that leaves q(z_t) invariant when the posterior is
+  the true one (a forward-backward corrector; predictor-corrector samplers for uniform-state diffusion:
+  the Duo follow-up, arXiv 2602.21185). logp_BCV is the leave-one-out prior (`_loo_prior_logits`), so the
+  corrector's posterior is softmax(logp + delta(alpha) onehot(z)). The last pass takes the posterior's argmax
+  with greedy_last_step (at alpha = 1 that keeps z: a clean canvas is final)."""
   corrector, alpha_in, alpha_out = _pc_alphas(cfg, s)
-  x_BCV = jnp.exp(logp_BCV)
+
+  def correct(logp_BCV):
+    alpha_BC = jnp.broadcast_to(alpha_in, state.canvas_BC.shape)
+    post_BCV = jax.nn.softmax(objectives.posterior_from_loo(logp_BCV, state.canvas_BC, alpha_BC), axis=-1)
+    return alpha_out * post_BCV + (1.0 - alpha_out) / logp_BCV.shape[-1]
+
   q_BCV = jax.lax.cond(  # one [B, C, V] distribution per pass, not both
-      corrector,
-      lambda x: alpha_out * x + (1.0 - alpha_out) / x.shape[-1],
-      lambda x: posteriors.uniform_posterior(x, state.canvas_BC, alpha_in, alpha_out), x_BCV)
+      corrector, correct,
+      lambda lp: posteriors.uniform_posterior(jnp.exp(lp), state.canvas_BC, alpha_in, alpha_out), logp_BCV)
   z_BC = noise.sample(canvas_idx, s, jnp.log(q_BCV))
+  argmax_BC = _posterior_argmax(logp_BCV, argmax_BC, state.canvas_BC, alpha_in, fixed_BC, fixed_mask_BC)
   if cfg.greedy_last_step:
     z_BC = jnp.where(s == cfg.max_denoising_steps - 1, argmax_BC, z_BC)
   if fixed_mask_BC is not None:
     z_BC = jnp.where(fixed_mask_BC, fixed_BC, z_BC)
-  return z_BC, state.held_BC, z_BC == argmax_BC, z_BC
+  return z_BC, state.held_BC, z_BC == argmax_BC, z_BC, argmax_BC
 
 
-def _loo_x0_logits(logits_BCV, state, cfg, s):
-  """sampler='ancestral' / 'pc' on a leave-one-out model: the x0 logits that objective trains, at the
-  level of the pass's input canvas."""
-  if not cfg.loo_logits:
+def _loo_prior_logits(logits_BCV, state, cfg, s):
+  """sampler='ancestral' / 'pc': q(z_s | z_t, x_theta) is the true reverse step when x_theta is the
+  leave-one-out prior p(x_i | z_t without i) (dgemma/diffusion/objectives.py docstring), so a model whose
+  output is a posterior (every objective but the loo ones, and the released model) has delta(alpha_t)
+  onehot(z_t) taken off at the level of the pass's input canvas; a leave-one-out model is read as it is."""
+  if cfg.loo_logits:
     return logits_BCV
   alpha_in = _pc_alphas(cfg, s)[1] if cfg.sampler == "pc" else _step_alphas(cfg, s)[0]
   alpha_t = jnp.broadcast_to(alpha_in, state.canvas_BC.shape)
-  return objectives.loo_logits(logits_BCV, state.canvas_BC, alpha_t)
+  return objectives.loo_from_posterior(logits_BCV, state.canvas_BC, alpha_t)
 
 
 def _without_mask_token(logits_BCV, state, cfg, s):
@@ -298,7 +324,7 @@ class SamplerKind:
 
 KINDS: dict[str, SamplerKind] = {k.name: k for k in (
     SamplerKind("released", _released_step, returns_argmax=True, stops_early=True),
-    SamplerKind("ancestral", _posterior_step(_ancestral_update), x0_logits=_loo_x0_logits),
-    SamplerKind("pc", _posterior_step(_pc_update), x0_logits=_loo_x0_logits),
+    SamplerKind("ancestral", _posterior_step(_ancestral_update), x0_logits=_loo_prior_logits),
+    SamplerKind("pc", _posterior_step(_pc_update), x0_logits=_loo_prior_logits),
     SamplerKind("masked", _posterior_step(_masked_update), x0_logits=_without_mask_token, starts_masked=True),
 )}

@@ -20,10 +20,13 @@ The canvas result is the argmax canvas (HF appends `argmax_canvas`, not the samp
 sampler='ancestral' (reference doc, "Uniform-state diffusion likelihood", posterior): the time grid
 t_s = 1 - s / S runs from 1 to 0; step s draws z_{t_{s+1}} ~ q(. | z_{t_s}, x_theta) with
 x_theta = softmax(proc) (same temperature schedule, shaping and self-conditioning as released) and,
-with `greedy_last_step`, the last step takes argmax(x_theta). No acceptance, no early stopping (the
-sample is only complete at t = 0); the canvas result is the final canvas z_0. For a model trained with
-a leave-one-out objective (`loo_logits`), x_theta = softmax(f + delta(alpha_t) onehot(z_t)), the x0
-prediction that objective trains (dgemma.diffusion.objectives.loo_logits), before the temperature.
+with `greedy_last_step`, the last step takes the argmax of its posterior q(z_0 | z_t, x_theta). No
+acceptance, no early stopping (the sample is only complete at t = 0); the canvas result is the final canvas
+z_0. x_theta is the model's leave-one-out prior p(x_i | z_t without i), the distribution for which
+q(z_s | z_t, x_theta) is the true reverse step (dgemma/diffusion/objectives.py docstring): for a model whose
+output f is a posterior (every objective but the loo ones, and the released model) softmax(f - delta(alpha_t)
+onehot(z_t)) (objectives.loo_from_posterior), for a leave-one-out model (`loo_logits`) softmax(f), before the
+temperature. The self-conditioning signal stays the tempered network output, as in training.
 
 sampler='masked': ancestral sampling of the masked-diffusion baseline (diffusion.objective='mdlm';
 MDLM, Sahoo et al. 2024). The canvas starts as all `mask_id`; on the same time grid a masked position
@@ -32,7 +35,8 @@ mask token excluded), and a revealed token is never changed again (SUBS paramete
 t = 0 (alpha = 1) every position is revealed; the canvas result is z_0.
 
 The released sampler uses the network logits as they are for every objective: its canvas mixes
-accepted samples and fresh noise, so no diffusion time (and no loo shift) is defined for it.
+accepted samples and fresh noise, so no diffusion time (and no loo shift) is defined for it: it reads a
+posterior model's output as the posterior, and a leave-one-out model's as it is.
 
 Two loop forms with identical results: `lax.scan` over all steps (finished rows frozen) and
 `lax.while_loop` that exits as soon as every row has finished (`early_exit`).
@@ -132,13 +136,16 @@ def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, sc_signal_fn: Cal
   # 2. decoder forward; no self-conditioning signal at the first step (reference doc, step 8)
   sc_mask_B = jnp.broadcast_to((s > 0) & cfg.self_conditioning, (batch,))
   logits_BCV = decode_fn(state.canvas_BC, state.sc_BCX, sc_mask_B).astype(jnp.float32)
-  # 3. temperature (+ optional shaping): HF's processed logits
-  if kind.x0_logits is not None:
-    logits_BCV = kind.x0_logits(logits_BCV, state, cfg, s)
+  # 3. temperature (+ optional shaping): HF's processed logits, which are also the self-conditioning signal;
+  # a kind with x0_logits steps on its own reading of the network output (the ancestral kinds: the
+  # leave-one-out prior), tempered and shaped the same way
   proc_BCV = rules.shape_logits(logits_BCV / rules.temperature(cfg, s), cfg)
-  argmax_BC = jnp.argmax(proc_BCV, axis=-1).astype(jnp.int32)
+  step_BCV = proc_BCV
+  if kind.x0_logits is not None:
+    step_BCV = rules.shape_logits(kind.x0_logits(logits_BCV, state, cfg, s) / rules.temperature(cfg, s), cfg)
+  argmax_BC = jnp.argmax(step_BCV, axis=-1).astype(jnp.int32)
   canvas_BC, held_BC, accepted_BC, shown_BC, sampled_BC, argmax_BC, ent_BC = kind.step(
-      state, cfg, noise, canvas_idx, s, proc_BCV, argmax_BC, fixed_BC, fixed_mask_BC)
+      state, cfg, noise, canvas_idx, s, step_BCV, argmax_BC, fixed_BC, fixed_mask_BC)
 
   # 7. finished rows stop changing (HF freezes canvas, argmax and self-conditioning logits)
   canvas_BC = jnp.where(done_B[:, None], state.canvas_BC, canvas_BC)

@@ -37,16 +37,19 @@ def _config(tiny_config, objective="base_ce"):
 
 
 def _literal_canvas_bound(logits_MCV, x_C, z_MC, times, t_eps):
-  """(1 - t_eps) mean over the MC times of sum_i ref_nelbo + the Bayes reconstruction at t_eps (last row),
-  float64, one token at a time (facts file formulas; linear schedule alpha = 1 - t, alpha' = -1)."""
+  """(1 - t_eps) mean over the MC times of sum_i ref_nelbo + the reconstruction at t_eps (last row), float64,
+  one token at a time (facts file formulas; linear schedule alpha = 1 - t, alpha' = -1), for a model whose
+  logits are a posterior p(x | z) (base_ce): ref_nelbo gets it divided by q(z | x), the leave-one-out prior."""
   V = logits_MCV.shape[-1]
-  integrands = [sum(ref_nelbo(logits_MCV[m, i], x_C[i], z_MC[m, i], 1.0 - float(np.float32(t)), -1.0)
-                    for i in range(len(x_C))) for m, t in enumerate(times[:-1])]
-  alpha = 1.0 - float(np.float32(t_eps))
+  integrands = []
+  for m, t in enumerate(times[:-1]):  # x_theta = the posterior output with z's evidence divided out
+    a = 1.0 - float(np.float32(t))
+    q_V = lambda z: a * (np.arange(V) == z) + (1.0 - a) / V
+    integrands.append(sum(ref_nelbo(logits_MCV[m, i] - np.log(q_V(z_MC[m, i])), x_C[i], z_MC[m, i], a, -1.0)
+                          for i in range(len(x_C))))
   recon = 0.0
-  for i in range(len(x_C)):  # p(x | z) proportional to x_theta(x) q(z | x)
-    post = _softmax(logits_MCV[-1, i]) * (alpha * (np.arange(V) == z_MC[-1, i]) + (1.0 - alpha) / V)
-    recon -= math.log(post[x_C[i]] / post.sum())
+  for i in range(len(x_C)):  # the posterior output p(x | z) itself
+    recon -= math.log(_softmax(logits_MCV[-1, i])[x_C[i]])
   return (1.0 - t_eps) * np.mean(integrands) + recon, recon
 
 
@@ -169,12 +172,14 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
   np.testing.assert_allclose(ar["total_nats"], slow_ar, rtol=1e-4)
 
 
-@pytest.mark.parametrize("objective", ["nelbo", "mdlm"])
+@pytest.mark.parametrize("objective", ["loo_nelbo", "nelbo", "mdlm"])
 def test_estimator_is_tight_for_an_iid_source_and_bounds_other_denoisers(objective):
   """Tokens i.i.d. ~ pi (entropy H). With x_theta = pi the uniform-state (and masked) reverse process is
   the exact time reversal, so the bound -- MC integral over [t_eps, 1] plus the reconstruction -- must
   come out at H (a reconstruction that ignored z_t would add another H); a wrong constant denoiser must
-  stay above its own exact NLL (its cross-entropy), and every denoiser above H."""
+  stay above its own exact NLL (its cross-entropy), and every denoiser above H. A leave-one-out model
+  (loo_nelbo) outputs pi itself; a posterior model (nelbo, and base_ce alike) outputs the posterior
+  p(x | z_t), proportional to pi(x) q(z_t | x), which the estimator must read back as pi."""
   V, B, C, M = 12, 256, 16, 8
   rng = np.random.default_rng(0)
   pi = rng.dirichlet(np.full(V, 0.8))
@@ -191,7 +196,13 @@ def test_estimator_is_tight_for_an_iid_source_and_bounds_other_denoisers(objecti
     wrong /= wrong.sum()
 
   def bound(log_probs_V):
-    fn = lambda noisy_BC, alpha_B: jnp.broadcast_to(jnp.asarray(log_probs_V, jnp.float32), noisy_BC.shape + (V,))
+    def fn(noisy_BC, alpha_B):
+      logits_BCV = jnp.broadcast_to(jnp.asarray(log_probs_V, jnp.float32), noisy_BC.shape + (V,))
+      if objective != "nelbo":
+        return logits_BCV
+      a_BC1 = alpha_B[:, None, None]
+      q_BCV = a_BC1 * (jnp.arange(V) == noisy_BC[..., None]) + (1.0 - a_BC1) / V  # q(z_t | x) for each x
+      return logits_BCV + jnp.log(q_BCV)
     integrand_BM, recon_B = jax.jit(lambda: likelihood.canvas_bound_terms(
         fn, x_BC, jnp.ones((B, C)), keys_B, num_t=M, loss_cfg=loss_cfg, vocab_size=V))()
     per_canvas = likelihood.canvas_estimate(np.asarray(integrand_BM), np.asarray(recon_B), loss_cfg.t_eps)

@@ -81,7 +81,8 @@ def _alpha32(t):
 # ---- per-token objectives vs the literal references ----------------------------------------------
 
 @pytest.mark.parametrize("n", [5, 37])
-@pytest.mark.parametrize("name", ["base_ce", "reweighted_ce", "loo_ce", "reweighted_loo_ce", "nelbo"])
+@pytest.mark.parametrize("name", ["base_ce", "reweighted_ce", "loo_ce", "reweighted_loo_ce", "nelbo", "loo_nelbo",
+                                  "loo_nelbo_ce"])
 def test_uniform_objectives_match_literal(name, n):
   f, x, z, t = _random_case(n, n)
   alpha, dalpha = schedules.alpha_and_derivative("linear", t)
@@ -99,8 +100,13 @@ def test_uniform_objectives_match_literal(name, n):
       want.append(ref_loo_ce(fi, x[i], z[i], a))
     elif name == "reweighted_loo_ce":
       want.append(min(1.0 / a, cap) * ref_loo_ce(fi, x[i], z[i], a))
-    else:
+    elif name == "loo_nelbo":  # the network output is x_theta itself
       want.append(ref_nelbo(fi, x[i], z[i], a, -1.0))
+    elif name == "loo_nelbo_ce":
+      want.append(ref_nelbo(fi, x[i], z[i], a, -1.0) + ref_loo_ce(fi, x[i], z[i], a))
+    else:  # nelbo: the network output is the posterior; x_theta = softmax(f - delta onehot(z))
+      delta = math.log(1.0 + n * a / (1.0 - a))
+      want.append(ref_nelbo(fi - delta * _onehot(z[i], n), x[i], z[i], a, -1.0))
   want = np.asarray(want)
   # fp32 evaluation vs float64 on the same fp32 inputs (alpha included): error ~ eps x the formula's
   # condition, up to ~1/alpha (t <= 0.9999, reweighting cap 50) and the NELBO's n / xbar differences;
@@ -131,13 +137,24 @@ def test_schedule_derivative(name):
   np.testing.assert_allclose(dalpha, fd, rtol=1e-3, atol=1e-3)
 
 
-def test_loo_logits_consistent_with_loo_ce():
+def test_posterior_from_loo_consistent_with_loo_ce_and_inverted_by_loo_from_posterior():
   f, x, z, t = _random_case(1, 11)
   alpha = jnp.asarray(1.0 - t)
-  ce = objectives.cross_entropy(objectives.loo_logits(jnp.asarray(f), jnp.asarray(z), alpha), jnp.asarray(x))
+  post = objectives.posterior_from_loo(jnp.asarray(f), jnp.asarray(z), alpha)
+  ce = objectives.cross_entropy(post, jnp.asarray(x))
   # two fp32 formulas of one value: a few roundings of logits |f + shift| <~ 20: ~eps * 20 = 2.4e-6 < 1e-5
   np.testing.assert_allclose(ce, objectives.loo_cross_entropy(jnp.asarray(f), jnp.asarray(x), jnp.asarray(z), alpha),
                              rtol=1e-5, atol=1e-5)
+  # adding and taking off the same fp32 shift (|shift| <= log(1 + 11 / 1e-4) ~ 11.6): 2 roundings of ~20
+  back = objectives.loo_from_posterior(post, jnp.asarray(z), alpha)
+  np.testing.assert_allclose(back, f, atol=1e-5)
+  for name, record in objectives.OBJECTIVES.items():
+    if record.masked or record.autoregressive:
+      continue
+    # every record reads its output one way or the other: the two readings are one shift apart
+    diff = record.posterior_logits(jnp.asarray(f), jnp.asarray(z), alpha) - record.loo_prior_logits(
+        jnp.asarray(f), jnp.asarray(z), alpha)
+    np.testing.assert_allclose(diff, post - jnp.asarray(f), atol=1e-5, err_msg=name)
 
 
 def test_mdlm_matches_literal():
@@ -314,3 +331,90 @@ def test_mdlm_config_with_added_mask_token_is_valid():
   config.model.vocab_size = 261
   config.diffusion.mask_id = 260
   settings_lib.from_config(config)
+
+
+# ---- what x_theta is: exact enumeration of a correlated 3-token source ----------------------------
+
+def _joint_source(n=3, c=3, seed=0):
+  """A random distribution over all n^c sequences (correlated tokens), as (sequences [S, c], p [S])."""
+  import itertools
+  seqs = np.array(list(itertools.product(range(n), repeat=c)))
+  rng = np.random.default_rng(seed)
+  p = np.maximum(rng.dirichlet(np.full(len(seqs), 0.5)), 1e-3)
+  return seqs, p / p.sum()
+
+
+def _exact_posteriors(seqs, p, a, n):
+  """For every noisy sequence z (rows of seqs): the posterior p(x_i | z) and the leave-one-out
+  p(x_i | z_-i), float64 [Z, c, n], by summing over all clean sequences."""
+  q_tok = a * (seqs[:, None, :] == seqs[None, :, :]) + (1.0 - a) / n  # [z, x, i] = q(z_i | x_i)
+  joint = p[None, :] * np.prod(q_tok, axis=-1)                        # [z, x] = p(x) q(z | x)
+  full, loo = np.zeros((len(seqs), seqs.shape[1], n)), np.zeros((len(seqs), seqs.shape[1], n))
+  for i in range(seqs.shape[1]):
+    others = p[None, :] * np.prod(np.delete(q_tok, i, axis=-1), axis=-1)
+    for v in range(n):
+      sel = seqs[:, i] == v
+      full[:, i, v] = joint[:, sel].sum(1)
+      loo[:, i, v] = others[:, sel].sum(1)
+  return full / full.sum(-1, keepdims=True), loo / loo.sum(-1, keepdims=True), joint
+
+
+def test_nelbo_is_exact_with_the_leave_one_out_prior_and_the_records_convert_posteriors():
+  """-log p(x) = NELBO(x) when x_theta_i = p(x_i | z_-i) (the exact reverse rates; objectives.py docstring),
+  for every sequence of a correlated 3-token source, integrated over t by Gauss-Legendre in log t on
+  [t_eps, 1] plus the reconstruction at t_eps. A posterior-output record (base_ce, nelbo) fed the exact
+  posterior p(x_i | z) gets the same number through `loo_prior_logits`; plugging the posterior in directly
+  (the mistake the docstring warns about) misses by tens of percent."""
+  n, t_eps, nodes = 3, 1e-3, 48
+  seqs, p = _joint_source(n)
+  u, w = np.polynomial.legendre.leggauss(nodes)
+  log_t = np.log(t_eps) * (1.0 - (u + 1.0) / 2.0)
+  ts, wts = np.exp(log_t), w * (-np.log(t_eps) / 2.0) * np.exp(log_t)
+  bounds = {"loo_nelbo": np.zeros(len(seqs)), "nelbo": np.zeros(len(seqs)), "posterior_as_x_theta": np.zeros(len(seqs))}
+  x_zc = np.broadcast_to(seqs[None], (len(seqs),) + seqs.shape)  # [z, x, c] with the x of each column
+  for t, wt in list(zip(ts, wts)) + [(t_eps, None)]:
+    a = 1.0 - t
+    full, loo, joint = _exact_posteriors(seqs, p, a, n)
+    q_zx = joint / p[None, :]                                       # q(z | x) [z, x]
+    z_zxc = np.broadcast_to(seqs[:, None, :], x_zc.shape)
+    for name, logits in (("loo_nelbo", np.log(loo)), ("nelbo", np.log(full)), ("posterior_as_x_theta", np.log(full))):
+      record = objectives.get("loo_nelbo" if name == "posterior_as_x_theta" else name)
+      l_zxcv = np.broadcast_to(logits[:, None], x_zc.shape + (n,)).reshape(-1, n).astype(np.float32)
+      args = (jnp.asarray(l_zxcv), jnp.asarray(x_zc.reshape(-1)), jnp.asarray(z_zxc.reshape(-1)),
+              jnp.full(l_zxcv.shape[0], a, jnp.float32))
+      if wt is None:
+        per_tok = record.reconstruction_per_token(*args, mask_id=-1)
+      else:
+        per_tok = wt * record.nelbo_per_token(*args, -jnp.ones(l_zxcv.shape[0]), mask_id=-1)
+      per_zx = np.asarray(per_tok, np.float64).reshape(len(seqs), len(seqs), -1).sum(-1)
+      bounds[name] += np.sum(q_zx * per_zx, axis=0)                 # E_{z ~ q(z | x)}
+  nll = -np.log(p)
+  # Quadrature: 48 Gauss-Legendre nodes of a smooth integrand in log t (error measured < 1e-6 relative);
+  # fp32 integrands: ~1e-6 relative each. rtol 1e-3 leaves room for both; the wrong reading misses by > 5%.
+  np.testing.assert_allclose(bounds["loo_nelbo"], nll, rtol=1e-3)
+  np.testing.assert_allclose(bounds["nelbo"], nll, rtol=1e-3)
+  entropy = float(np.sum(p * nll))
+  assert float(np.sum(p * bounds["posterior_as_x_theta"])) > 1.05 * entropy
+
+
+def test_ancestral_posterior_of_the_leave_one_out_prior_is_the_true_reverse_step():
+  """posteriors.uniform_posterior(p(x_i | z_-i), z_t,i, alpha_t, alpha_s) is the exact marginal
+  p(z_s,i | z_t) = sum_x p(x | z_t) q(z_s,i | z_t,i, x_i); fed the posterior p(x_i | z_t) it is not."""
+  from dgemma.sampling import posteriors
+  n = 3
+  seqs, p = _joint_source(n, seed=1)
+  a_t, a_s = 0.35, 0.7
+  full, loo, joint = _exact_posteriors(seqs, p, a_t, n)
+  post_x = joint / joint.sum(1, keepdims=True)                      # p(x | z_t) [z, x]
+  for i in range(seqs.shape[1]):
+    want = np.zeros((len(seqs), n))
+    for xi in range(n):
+      one_step = np.stack([_posterior(_onehot(xi, n), zt, a_s, a_t, n) for zt in seqs[:, i]])  # [z, n]
+      want += post_x[:, seqs[:, i] == xi].sum(1)[:, None] * one_step
+    got = np.asarray(posteriors.uniform_posterior(jnp.asarray(loo[:, i], jnp.float32),
+                                                  jnp.asarray(seqs[:, i]), a_t, a_s))
+    # fp32 formula of probabilities in [0, 1] against float64: a few roundings each, atol 1e-6
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    wrong = np.asarray(posteriors.uniform_posterior(jnp.asarray(full[:, i], jnp.float32),
+                                                    jnp.asarray(seqs[:, i]), a_t, a_s))
+    assert np.abs(wrong - want).max() > 0.01

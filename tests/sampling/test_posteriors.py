@@ -66,8 +66,9 @@ def test_alpha_schedules():
 
 
 def test_ancestral_steps_draw_from_the_posterior():
-  """Each step's z_s is the Gumbel-max draw from q(. | z_t, softmax(proc)) at t = 1 - s/S -> 1 - (s+1)/S;
-  the last step is greedy; no early stopping; the result is the final canvas."""
+  """Each step's z_s is the Gumbel-max draw from q(. | z_t, x_theta) at t = 1 - s/S -> 1 - (s+1)/S, x_theta
+  the tempered leave-one-out prior of the (posterior) output; the last step is greedy; no early stopping;
+  the result is the final canvas."""
   S_A = 4
   rs = np.random.RandomState(1)
   noise = FixedNoise(init_canvas_NBC=jnp.asarray(rs.randint(0, V_SYN, (1, B_SYN, C_SYN))),
@@ -81,15 +82,21 @@ def test_ancestral_steps_draw_from_the_posterior():
   eps = 1e-3
   alpha_np = lambda t: 1 - (1 - eps) * t
   for s in range(S_A):
-    logits = np.asarray(synthetic_decode(jnp.asarray(traj.canvas_SBC[s]), None, None), np.float64)
-    proc = logits / (0.4 + 0.4 * (S_A - s) / S_A)
+    z = traj.canvas_SBC[s]
+    logits = np.asarray(synthetic_decode(jnp.asarray(z), None, None), np.float64)
+    a_t = alpha_np(1 - s / S_A)
+    delta = np.log1p(V_SYN * a_t / (1 - a_t))
+    proc = (logits - delta * np.eye(V_SYN)[z]) / (0.4 + 0.4 * (S_A - s) / S_A)  # the loo prior, tempered
     x = np.exp(proc - proc.max(-1, keepdims=True))
     x /= x.sum(-1, keepdims=True)
-    if s == S_A - 1:
-      want = proc.argmax(-1)
+    q = np.array([[_posterior_numpy(x[b, c], z[b, c], a_t, alpha_np(1 - (s + 1) / S_A)) for c in range(C_SYN)]
+                  for b in range(B_SYN)])
+    # the reported argmax is the posterior's, softmax(proc + delta onehot(z))
+    np.testing.assert_array_equal(traj.argmax_SBC[s], np.argmax(proc + delta * np.eye(V_SYN)[z], -1))
+    if s == S_A - 1:  # greedy: q at alpha_s = 1 is that posterior
+      want = traj.argmax_SBC[s]
+      np.testing.assert_array_equal(want, q.argmax(-1))
     else:
-      q = np.array([[_posterior_numpy(x[b, c], traj.canvas_SBC[s, b, c], alpha_np(1 - s / S_A),
-                                      alpha_np(1 - (s + 1) / S_A)) for c in range(C_SYN)] for b in range(B_SYN)])
       with np.errstate(divide="ignore"):
         want = np.argmax(np.log(q) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
     np.testing.assert_array_equal(traj.sampled_SBC[s], want, err_msg=f"step {s}")
@@ -101,9 +108,11 @@ def test_ancestral_steps_draw_from_the_posterior():
 
 
 def test_pc_passes_alternate_posterior_and_corrector_draws():
-  """sampler='pc' with one corrector: pass 2i draws from q(. | z, x) from t = 1 - i/n to 1 - (i+1)/n
-  (n = S/2 rounds), pass 2i+1 from alpha x + (1 - alpha)/N at the new level; the last pass is greedy;
-  S passes in all, no early stopping; the result is the final canvas."""
+  """sampler='pc' with one corrector, n = S/2 rounds: round i < n-1 is a predictor draw from q(. | z, x)
+  from t = 1 - i/n to 1 - (i+1)/n and a corrector draw from alpha post + (1 - alpha)/N at the new level
+  (post = the posterior softmax(log x + delta onehot z)); the last round's corrector comes first, at
+  t = 1/n, then the greedy predictor to t = 0. x is the tempered leave-one-out prior. S passes in all,
+  no early stopping; the result is the final canvas."""
   S_A = 6
   noise = _gumbel_noise(5, S_A, np.random.RandomState(4).randint(0, V_SYN, (B_SYN, C_SYN)))
   cfg = SamplerConfig(canvas_len=C_SYN, max_denoising_steps=S_A, end_ids=(1,), sampler="pc",
@@ -113,20 +122,28 @@ def test_pc_passes_alternate_posterior_and_corrector_draws():
   assert traj.active_SB.all() and (st.num_forwards_B == S_A).all()
   n, eps = S_A // 2, 1e-3
   alpha_np = lambda t: 1 - (1 - eps) * t
+  delta_of = lambda a: np.log1p(V_SYN * a / (1 - a))
   kinds = []
   for s in range(S_A):
     z = traj.canvas_SBC[s]
+    i, j = divmod(s, 2)
+    last_round = i == n - 1
+    corrector = (j == 0) if last_round else (j == 1)
+    level = alpha_np(1 - i / n) if last_round else alpha_np(1 - (i + 1) / n)
+    a_in = level if corrector else alpha_np(1 - i / n)
+    a_out = level if corrector else alpha_np(1 - (i + 1) / n)
     logits = np.asarray(synthetic_decode(jnp.asarray(z), None, None), np.float64)
-    x = _softmax64(logits / (0.4 + 0.4 * (S_A - s) / S_A))
-    i, corrector = divmod(s, 2)
-    a_out = alpha_np(1 - (i + 1) / n)
+    proc = (logits - delta_of(a_in) * np.eye(V_SYN)[z]) / (0.4 + 0.4 * (S_A - s) / S_A)
+    x = _softmax64(proc)
+    post = _softmax64(proc + delta_of(a_in) * np.eye(V_SYN)[z])
     if s == S_A - 1:
-      want = x.argmax(-1)
+      assert not corrector
+      want = post.argmax(-1)
     elif corrector:
       with np.errstate(divide="ignore"):
-        want = np.argmax(np.log(a_out * x + (1 - a_out) / V_SYN) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
+        want = np.argmax(np.log(a_out * post + (1 - a_out) / V_SYN) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
     else:
-      q = np.array([[_posterior_numpy(x[b, c], z[b, c], alpha_np(1 - i / n), a_out) for c in range(C_SYN)]
+      q = np.array([[_posterior_numpy(x[b, c], z[b, c], a_in, a_out) for c in range(C_SYN)]
                     for b in range(B_SYN)])
       with np.errstate(divide="ignore"):
         want = np.argmax(np.log(q) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
@@ -134,6 +151,7 @@ def test_pc_passes_alternate_posterior_and_corrector_draws():
     np.testing.assert_array_equal(traj.sampled_SBC[s], want, err_msg=f"pass {s} ({kinds[-1]})")
     if s + 1 < S_A:
       np.testing.assert_array_equal(traj.canvas_SBC[s + 1], want)
+  assert kinds == ["predictor", "corrector", "predictor", "corrector", "corrector", "predictor"]
   np.testing.assert_array_equal(canvas_result(st, cfg), st.canvas_BC)
   np.testing.assert_array_equal(st.canvas_BC[0], 5)   # the confident row lands on its token
   # a corrector draw is not the predictor's: on the same noise, ancestral over the same passes differs
@@ -163,30 +181,32 @@ def _softmax64(proc):
   return x / x.sum(-1, keepdims=True)
 
 
-def test_ancestral_loo_model_samples_from_the_shifted_x0():
-  """A loo-trained model's x0 prediction is softmax(f + delta(alpha_t) onehot(z_t)): the ancestral
-  sampler applies the shift at the step's alpha_t before the temperature (objectives.loo_logits)."""
+@pytest.mark.parametrize("loo_model", [False, True])
+def test_ancestral_reads_the_leave_one_out_prior(loo_model):
+  """q(z_s | z_t, x_theta) wants x_theta = p(x_i | z_t without i) (objectives.py docstring): a posterior
+  model's output f has delta(alpha_t) onehot(z_t) taken off at the step's alpha_t, a leave-one-out model's
+  is read as it is, both before the temperature."""
   S_A = 3
   rs = np.random.RandomState(2)
   noise = _gumbel_noise(3, S_A, rs.randint(0, V_SYN, (B_SYN, C_SYN)))
   cfg = SamplerConfig(canvas_len=C_SYN, max_denoising_steps=S_A, end_ids=(1,), sampler="ancestral",
-                      loo_logits=True, greedy_last_step=False)
+                      loo_logits=loo_model, greedy_last_step=False)
   traj = jax.tree.map(np.asarray, denoise_fixed(synthetic_decode, cfg, noise, noise.init_canvas_NBC[0])).traj
   for s in range(S_A):
     z = traj.canvas_SBC[s]
     a_t, a_s = s / S_A, (s + 1) / S_A          # alpha = 1 - t on the grid t = 1 - s / S
     f = np.asarray(synthetic_decode(jnp.asarray(z), None, None), np.float64)
     delta = np.log1p(V_SYN * a_t / (1 - a_t))   # 0 at t = 1
-    shifted = f + delta * np.eye(V_SYN)[z]
-    x = _softmax64(shifted / (0.4 + 0.4 * (S_A - s) / S_A))
+    prior = f if loo_model else f - delta * np.eye(V_SYN)[z]
+    x = _softmax64(prior / (0.4 + 0.4 * (S_A - s) / S_A))
     q = np.array([[_posterior_numpy(x[b, c], z[b, c], a_t, a_s) for c in range(C_SYN)] for b in range(B_SYN)])
     with np.errstate(divide="ignore"):
       want = np.argmax(np.log(q) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
     np.testing.assert_array_equal(traj.sampled_SBC[s], want, err_msg=f"step {s}")
-  # the shift matters: without it the same noise gives a different trajectory
-  plain = dataclasses.replace(cfg, loo_logits=False)
-  traj_plain = jax.tree.map(np.asarray, denoise_fixed(synthetic_decode, plain, noise, noise.init_canvas_NBC[0])).traj
-  assert not np.array_equal(traj_plain.sampled_SBC, traj.sampled_SBC)
+  # the reading matters: the other one gives a different trajectory from the same noise
+  other = dataclasses.replace(cfg, loo_logits=not loo_model)
+  traj_other = jax.tree.map(np.asarray, denoise_fixed(synthetic_decode, other, noise, noise.init_canvas_NBC[0])).traj
+  assert not np.array_equal(traj_other.sampled_SBC, traj.sampled_SBC)
 
 
 _masked_post = jax.jit(masked_posterior, static_argnums=2)

@@ -1,0 +1,225 @@
+"""A synthetic text source whose entropy rate is known exactly: an order-k character Markov chain.
+
+Text models trained on it can be compared with the truth, not only with each other: the chain gives every
+document's exact log-probability, so a likelihood bound (eval.likelihood) can be read as a ratio to the
+true bits per byte (issue #18, item 1).
+
+The chain: an alphabet of S symbols (default a-z and space, S = 27), states = the last k symbols (S^k of
+them), and one next-symbol distribution per state drawn from a symmetric Dirichlet(concentration) with a
+seeded numpy RNG (small concentration: peaked rows, a low entropy rate). A document is k symbols drawn from
+the stationary distribution over states, then length - k transitions; it is written as one line of text, so
+a file of documents reads with data.txt_mode='line'.
+
+  python -m dgemma.tools.markov_text --out_dir=data_cache/markov --num_train=4000 --num_valid=64
+
+Exact quantities (float64):
+  entropy_rate      H = sum_s pi(s) H(P(. | s)) nats per symbol, pi the stationary distribution of the
+                    chain on states (power iteration from uniform; the chain is irreducible and aperiodic
+                    because every Dirichlet draw is strictly positive).
+  log_prob(text)    log pi(text[:k]) + sum_i log P(text[i] | text[i-k:i]); -log_prob / (len * ln 2) is the
+                    document's true bits per byte (one byte per symbol: the alphabet is ASCII).
+  posterior         not needed here: the likelihood estimator's tightness is checked elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import string
+
+from pathlib import Path
+
+import numpy as np
+
+from dgemma import files
+from dgemma.errors import ConfigError
+
+DEFAULT_ALPHABET = string.ascii_lowercase + " "
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovChain:
+  """An order-`order` chain over `alphabet`; `transitions_SS` is float64 [S^order, S] (rows sum to 1)."""
+
+  alphabet: str
+  order: int
+  transitions: np.ndarray
+
+  @classmethod
+  def random(cls, *, alphabet: str = DEFAULT_ALPHABET, order: int = 2, concentration: float = 0.1,
+             seed: int = 0) -> "MarkovChain":
+    """Dirichlet(concentration) rows, floored at 1e-6 and renormalised (every transition possible)."""
+    if len(set(alphabet)) != len(alphabet) or len(alphabet) < 2 or not alphabet.isascii():
+      raise ConfigError(f"markov alphabet: {alphabet!r} must be >= 2 distinct ASCII characters")
+    if order < 1:
+      raise ConfigError(f"markov order: {order} must be >= 1")
+    if concentration <= 0:
+      raise ConfigError(f"markov concentration: {concentration} must be > 0")
+    rng = np.random.default_rng(seed)
+    num_symbols = len(alphabet)
+    rows = rng.dirichlet(np.full(num_symbols, concentration), size=num_symbols ** order)
+    rows = np.maximum(rows, 1e-6)
+    return cls(alphabet, order, rows / rows.sum(axis=1, keepdims=True))
+
+  @property
+  def num_symbols(self) -> int:
+    return len(self.alphabet)
+
+  def _state(self, symbols) -> int:
+    state = 0
+    for s in symbols:
+      state = state * self.num_symbols + int(s)
+    return state
+
+  def _next_state(self, state: int, symbol: int) -> int:
+    return (state * self.num_symbols + symbol) % (self.num_symbols ** self.order)
+
+  @functools.cached_property
+  def _stationary(self) -> np.ndarray:
+    return self._power_iteration()
+
+  def stationary(self) -> np.ndarray:
+    """pi over states [S^order] (float64): the fixed point of the state-transition operator."""
+    return self._stationary.copy()
+
+  def _power_iteration(self) -> np.ndarray:
+    num_states, S = self.num_symbols ** self.order, self.num_symbols
+    pi = np.full(num_states, 1.0 / num_states)
+    # state s = (prefix, last k-1 symbols); next state = (s mod S^(k-1)) * S + symbol
+    shift = np.arange(num_states) % (num_states // S)
+    for _ in range(10_000):
+      flow_SS = pi[:, None] * self.transitions                       # [state, symbol]
+      new = np.zeros(num_states)
+      np.add.at(new, (shift[:, None] * S + np.arange(S)[None, :]).reshape(-1), flow_SS.reshape(-1))
+      if np.abs(new - pi).sum() < 1e-15:
+        return new
+      pi = new
+    return pi
+
+  def entropy_rate(self) -> float:
+    """Nats per symbol of the stationary chain."""
+    h_rows = -np.sum(self.transitions * np.log(self.transitions), axis=1)
+    return float(np.dot(self.stationary(), h_rows))
+
+  def sample(self, num_documents: int, length: int, seed: int) -> list[str]:
+    """`num_documents` documents of `length` symbols (seeded; start state from the stationary pi). All
+    documents advance together, one transition per array step (inverse CDF of each row's next symbol)."""
+    if length < self.order:
+      raise ConfigError(f"markov document length: {length} must be >= the order {self.order}")
+    rng = np.random.default_rng(seed)
+    S, num_states = self.num_symbols, self.num_symbols ** self.order
+    cdf_rows = np.cumsum(self.transitions, axis=1)
+    cdf_rows /= cdf_rows[:, -1:]
+    state_N = rng.choice(num_states, size=num_documents, p=self.stationary())
+    symbols_NL = np.zeros((num_documents, length), np.int64)
+    for j in range(self.order):  # the start state's symbols, most significant first
+      symbols_NL[:, j] = (state_N // S ** (self.order - 1 - j)) % S
+    for i in range(self.order, length):
+      u_N = rng.random(num_documents)
+      symbol_N = np.minimum(np.sum(cdf_rows[state_N] <= u_N[:, None], axis=1), S - 1)
+      symbols_NL[:, i] = symbol_N
+      state_N = (state_N * S + symbol_N) % num_states
+    table = np.array(list(self.alphabet))
+    return ["".join(row) for row in table[symbols_NL]]
+
+  def log_prob(self, text: str) -> float:
+    """Exact log p(text) in nats (start from pi, then the transitions)."""
+    index = {c: i for i, c in enumerate(self.alphabet)}
+    bad = sorted(set(text) - set(index))
+    if bad:
+      raise ConfigError(f"markov log_prob: characters {bad!r} are not in the chain's alphabet")
+    if len(text) < self.order:
+      raise ConfigError(f"markov log_prob: a text of {len(text)} characters is shorter than the order {self.order}")
+    symbols = [index[c] for c in text]
+    state = self._state(symbols[:self.order])
+    total = math.log(self._stationary[state])
+    for s in symbols[self.order:]:
+      total += math.log(self.transitions[state, s])
+      state = self._next_state(state, s)
+    return total
+
+  def bits_per_byte(self, texts: list[str]) -> float:
+    """The true bits per byte of `texts` together (total -log2 p / total bytes; ASCII: one byte a symbol)."""
+    nats = -sum(self.log_prob(t) for t in texts)
+    return nats / (sum(len(t) for t in texts) * math.log(2.0))
+
+
+def _stream_seed(seed: int, stream: int) -> int:
+  return int(np.random.SeedSequence((seed, stream)).generate_state(1)[0])
+
+
+def chain_of_truth(truth: dict) -> MarkovChain:
+  """The chain a truth.json record (`write_splits`) describes, rebuilt exactly."""
+  missing = [k for k in ("alphabet", "order", "concentration", "seed") if k not in truth]
+  if missing:
+    raise ConfigError(f"markov truth record: missing {missing} (written by python -m dgemma.tools.markov_text)")
+  return MarkovChain.random(alphabet=truth["alphabet"], order=int(truth["order"]),
+                            concentration=float(truth["concentration"]), seed=_stream_seed(int(truth["seed"]), 0))
+
+
+def write_splits(out_dir: str, *, num_train: int, num_valid: int, length: int, order: int, concentration: float,
+                 seed: int) -> dict:
+  """out_dir/train.txt and valid.txt (one document per line; independent seed streams) and truth.json (the
+  chain's entropy rate, each file's exact bits per byte), written atomically; returns the truth record.
+  The chain is `MarkovChain.random(order, concentration, seed=stream 0)` (python -m dgemma.tools.markov_text)."""
+  if num_train < 1 or num_valid < 1:
+    raise ValueError(f"--num_train={num_train} and --num_valid={num_valid} must both be >= 1")
+  stream = lambda k: _stream_seed(seed, k)
+  chain = MarkovChain.random(order=order, concentration=concentration, seed=stream(0))
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  truth = {"alphabet": chain.alphabet, "order": order, "concentration": concentration, "seed": seed,
+           "length": length, "entropy_rate_nats_per_char": chain.entropy_rate(),
+           "entropy_rate_bits_per_char": chain.entropy_rate() / math.log(2.0)}
+  for name, count, k in (("train", num_train, 1), ("valid", num_valid, 2)):
+    docs = chain.sample(count, length, seed=stream(k))
+    files.write_text_atomic(out / f"{name}.txt", "\n".join(docs) + "\n")
+    truth[f"{name}_documents"] = count
+    truth[f"{name}_bits_per_byte"] = chain.bits_per_byte(docs)
+  files.write_json_atomic(out / "truth.json", truth)
+  return truth
+
+
+def canvas_posteriors(chain: MarkovChain, prefix: str, noisy_symbols_C: np.ndarray, alpha: float,
+                      vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """The exact denoising posteriors of a canvas of the chain: float64 [C, S] arrays (p(x_i | z), p(x_i | z_-i)).
+
+  The canvas x_1..x_C follows `prefix` (its last `order` symbols, clean) under the chain; each token was
+  kept with probability alpha and otherwise replaced by one of `vocab_size` ids uniformly (the uniform-state
+  forward process over the model's vocabulary). noisy_symbols_C: the index in the alphabet of each noisy
+  token z_i, or -1 where z_i is an id outside the alphabet. Forward-backward on the states (last `order`
+  symbols), emissions q(z_i | x_i) = alpha [z_i = x_i] + (1 - alpha) / vocab_size; the leave-one-out
+  posterior divides position i's emission out (dgemma/diffusion/objectives.py docstring: it is the x_theta
+  that makes the uniform-state NELBO exact)."""
+  S, k = chain.num_symbols, chain.order
+  index = {c: i for i, c in enumerate(chain.alphabet)}
+  if len(prefix) < k:
+    raise ConfigError(f"markov canvas_posteriors: prefix {prefix!r} is shorter than the order {k}")
+  C = len(noisy_symbols_C)
+  emit_CS = np.full((C, S), (1.0 - alpha) / vocab_size)
+  for i, z in enumerate(noisy_symbols_C):
+    if z >= 0:
+      emit_CS[i, int(z)] += alpha
+  num_states = S ** k
+  P = chain.transitions                                             # [state, symbol]
+  nxt = (np.arange(num_states)[:, None] * S + np.arange(S)[None, :]) % num_states  # next state [state, symbol]
+  start = chain._state([index[c] for c in prefix[-k:]])
+  fwd = np.zeros((C, num_states))
+  prev = np.zeros(num_states)
+  prev[start] = 1.0
+  for i in range(C):  # fwd[i, s]: p(state after x_i = s, z_1..i), normalised per step
+    cur = np.zeros(num_states)
+    np.add.at(cur, nxt.reshape(-1), (prev[:, None] * P * emit_CS[i][None, :]).reshape(-1))
+    fwd[i] = prev = cur / cur.sum()
+  bwd = np.ones((C, num_states))
+  for i in range(C - 2, -1, -1):  # bwd[i, s]: p(z_i+1..C | state after x_i = s), normalised per step
+    b = np.sum(P * emit_CS[i + 1][None, :] * bwd[i + 1][nxt], axis=1)
+    bwd[i] = b / b.sum()
+  last_symbol = np.arange(num_states) % S                           # x_i of each state
+  full_CS = np.zeros((C, S))
+  for i in range(C):
+    np.add.at(full_CS[i], last_symbol, fwd[i] * bwd[i])
+  full_CS /= full_CS.sum(axis=1, keepdims=True)
+  loo_CS = full_CS / emit_CS
+  return full_CS, loo_CS / loo_CS.sum(axis=1, keepdims=True)

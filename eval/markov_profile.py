@@ -1,0 +1,163 @@
+"""Where a diffusion model's likelihood bound is lost: the NELBO integrand against the noise level t, for a
+checkpoint and for the exact denoiser of the Markov source it was trained on, on the same canvases and noise.
+
+  python -m eval.markov_profile --checkpoint=workdirs/ll_small --data=data_cache/markov/valid.txt \\
+      --truth=data_cache/markov/truth.json --out_dir=docs/results/likelihood_small
+
+The bound is (1 - t_eps) times the integral over t of this integrand (per token) plus a small reconstruction
+term (dgemma/diffusion/likelihood.py); the exact denoiser (the chain's leave-one-out posterior by
+forward-backward, dgemma/data/markov.py `canvas_posteriors`) integrates to the source's entropy, so the gap
+between the two curves at each t is where the model loses bits. Canvases are the document canvases of
+eval.likelihood that hold only alphabet symbols (the first and last of a document are skipped), each
+conditioned on its training-length context; each (canvas, t) gets --draws noise draws shared by both.
+Writes out_dir/profile.json and out_dir/integrand_vs_t.png.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+
+import dgemma
+from dgemma import files
+from dgemma.data import builder as builder_lib, markov
+from dgemma.diffusion import likelihood, objectives, schedules
+from dgemma.diffusion.corruption import split_context_canvas
+from dgemma.errors import ConfigError
+from dgemma.model import Transformer, init_cache
+from dgemma.tools import cli
+
+GRID = (0.003, 0.01, 0.03, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97)
+
+_FLAGS: dict = {}
+
+
+def define_flags() -> None:
+  """The command line's flags (defined only when run as a program, so importing this module for its
+  functions leaves absl's global flags alone)."""
+  _FLAGS["checkpoint"] = flags.DEFINE_string("checkpoint", None,
+                                             "A diffusion run trained on the chain's text.", required=True)
+  _FLAGS["data"] = flags.DEFINE_string("data", None,
+                                       "The chain's validation .txt (one document per line).", required=True)
+  _FLAGS["truth"] = flags.DEFINE_string("truth", None, "truth.json of dgemma.tools.markov_text.", required=True)
+  _FLAGS["out_dir"] = flags.DEFINE_string("out_dir", None, "Where profile.json and the plot go.", required=True)
+  _FLAGS["max_documents"] = flags.DEFINE_integer("max_documents", 4, "Documents whose canvases are used.")
+  _FLAGS["draws"] = flags.DEFINE_integer("draws", 2, "Noise draws per canvas and t.")
+  _FLAGS["seed"] = flags.DEFINE_integer("seed", 0, "Noise seed.")
+
+
+
+
+def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *, grid=GRID, draws: int = 2,
+            seed: int = 0) -> list[dict]:
+  """[{t, model, exact}]: the mean NELBO integrand per token at each t, of the model and of the exact denoiser."""
+  st = model.settings
+  if st.diffusion.objective_record.autoregressive or st.diffusion.objective_record.masked:
+    raise ConfigError(f"--checkpoint: objective {st.diffusion.objective!r} is not a uniform-state diffusion run")
+  C = st.diffusion.canvas_len
+  context_len = st.eval.context_len or st.data.seq_len - C
+  tok = model.tokenizer
+  symbol_of_id = {tok.encode(c)[0]: i for i, c in enumerate(chain.alphabet)}
+  docs = [likelihood.cut_document(t, tok, 0) for t in texts]
+  rows = likelihood.block_rows([d.tokens for d in docs], C, context_len, tok.pad_id)
+  keep = [r for r in range(len(rows))  # (a document's first canvas has no clean prefix to start from)
+          if rows.canvas_index[r] > 0 and all(int(i) in symbol_of_id for i in rows.tokens[r, context_len:])]
+  if not keep:
+    raise ConfigError("--data: no canvas holds only the chain's alphabet (is this the chain's text?)")
+  batch = {"tokens": rows.tokens[keep], "segment_ids": rows.segment_ids[keep], "positions": rows.positions[keep]}
+  prefixes = [texts[rows.doc_index[r]][:rows.canvas_index[r] * C] for r in keep]
+  model_cfg, V = model.model_cfg, model.model_cfg.vocab_size
+  record = st.diffusion.objective_record
+  transformer = Transformer(model_cfg)
+
+  @jax.jit
+  def model_integrand(noisy_BC, alpha):
+    ctx, canvas = split_context_canvas(batch, C)
+    B = noisy_BC.shape[0]
+    _, cache = transformer.apply({"params": model.params}, ctx["tokens"], ctx["positions"], ctx["segment_ids"],
+                                 init_cache(model_cfg, B, ctx["tokens"].shape[1], dtype=jnp.dtype(model_cfg.dtype)),
+                                 return_logits=False, method=Transformer.encode)
+    decode = lambda sc: transformer.apply({"params": model.params}, noisy_BC, canvas["positions"],
+                                          canvas["segment_ids"], cache, sc_logits_BCV=sc, method=Transformer.decode)
+    logits_BCV = decode(None)
+    if st.eval.self_conditioning and model_cfg.self_conditioning:
+      logits_BCV = decode(logits_BCV)
+    a_BC = jnp.full(noisy_BC.shape, alpha, jnp.float32)
+    _, da = schedules.alpha_and_derivative(st.diffusion.schedule, 1.0 - alpha, st.diffusion.schedule_eps)
+    return record.nelbo_per_token(logits_BCV, canvas["tokens"], noisy_BC, a_BC, jnp.full(noisy_BC.shape, da),
+                                  mask_id=st.diffusion.mask_id)
+
+  if st.diffusion.schedule != "linear":
+    raise ConfigError(f"diffusion.schedule: {st.diffusion.schedule!r}; this profile assumes the linear schedule")
+  rng = np.random.default_rng(seed)
+  x_BC = batch["tokens"][:, context_len:]
+  sym_ids = np.array([tok.encode(c)[0] for c in chain.alphabet])
+  out = []
+  for t in grid:
+    alpha = 1.0 - t
+    got, exact = [], []
+    for _ in range(draws):
+      replace = rng.random(x_BC.shape) < t
+      noisy_BC = np.where(replace, rng.integers(0, V, x_BC.shape), x_BC).astype(np.int32)
+      got.append(float(np.mean(np.asarray(model_integrand(jnp.asarray(noisy_BC), jnp.float32(alpha))))))
+      per_row = []
+      for b, prefix in enumerate(prefixes):
+        z_sym = np.array([symbol_of_id.get(int(i), -1) for i in noisy_BC[b]])
+        _, loo_CS = markov.canvas_posteriors(chain, prefix, z_sym, alpha, V)
+        logits = np.full((C, V), -np.inf, np.float32)
+        logits[:, sym_ids] = np.log(np.maximum(loo_CS, 1e-300))
+        per_row.append(np.asarray(objectives.uniform_nelbo_per_token(
+            jnp.asarray(logits), jnp.asarray(x_BC[b]), jnp.asarray(noisy_BC[b]), jnp.full((C,), alpha, jnp.float32),
+            -jnp.ones((C,)))))
+      exact.append(float(np.mean(per_row)))
+    out.append({"t": t, "model": float(np.mean(got)), "exact": float(np.mean(exact))})
+  return out
+
+
+def plot(rows: list[dict], out_png: Path, title: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+  ts = [r["t"] for r in rows]
+  ax.plot(ts, [r["model"] for r in rows], "o-", label="model")
+  ax.plot(ts, [r["exact"] for r in rows], "s--", label="exact denoiser (integrates to the entropy)")
+  ax.set_xlabel("noise level t")
+  ax.set_ylabel("NELBO integrand (nats / token)")
+  ax.set_title(title, fontsize=8)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  out_png.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out_png)
+  plt.close(fig)
+
+
+def main(argv):
+  cli.no_extra_args(argv)
+  builder_lib.check_files([_FLAGS['data'].value])
+  chain = markov.chain_of_truth(json.loads(Path(_FLAGS['truth'].value).read_text()))
+  texts = list(builder_lib.iter_file_documents(_FLAGS['data'].value, "line", "text", "strict"))
+  texts = texts[:_FLAGS['max_documents'].value]
+  model = dgemma.load(_FLAGS['checkpoint'].value)
+  rows = profile(model, chain, texts, draws=_FLAGS['draws'].value, seed=_FLAGS['seed'].value)
+  for r in rows:
+    print(json.dumps(r))
+  out_dir = Path(_FLAGS['out_dir'].value)
+  trapezoid = lambda key: float(np.trapezoid([r[key] for r in rows], [r["t"] for r in rows]))
+  files.write_json_atomic(out_dir / "profile.json", {"checkpoint": _FLAGS['checkpoint'].value, "step": model.step,
+                                                     "rows": rows, "trapezoid_model": trapezoid("model"),
+                                                     "trapezoid_exact": trapezoid("exact")})
+  plot(rows, out_dir / "integrand_vs_t.png", f"{_FLAGS['checkpoint'].value} step {model.step}")
+  print(f"wrote {out_dir}/profile.json and integrand_vs_t.png")
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main, "eval.markov_profile")

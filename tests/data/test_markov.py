@@ -1,0 +1,122 @@
+"""dgemma/data/markov.py (behind dgemma/tools/markov_text.py): the synthetic source whose entropy rate is exact."""
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dgemma.data import markov
+from dgemma.errors import ConfigError
+
+
+def _state_matrix(chain):
+  """The explicit [S^k, S^k] state-transition matrix (slow, obvious reference)."""
+  S, k = chain.num_symbols, chain.order
+  M = np.zeros((S ** k, S ** k))
+  for state in range(S ** k):
+    for symbol in range(S):
+      M[state, (state * S + symbol) % S ** k] += chain.transitions[state, symbol]
+  return M
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_stationary_and_entropy_rate_match_an_eigenvector(order):
+  chain = markov.MarkovChain.random(alphabet="abcd", order=order, concentration=0.3, seed=order)
+  M = _state_matrix(chain)
+  w, v = np.linalg.eig(M.T)
+  pi = np.real(v[:, np.argmin(np.abs(w - 1))])
+  pi /= pi.sum()
+  # Both are float64 solutions of the same linear system; power iteration stops at an L1 step of 1e-15.
+  np.testing.assert_allclose(chain.stationary(), pi, atol=1e-10)
+  h = -np.sum(pi[:, None] * chain.transitions * np.log(chain.transitions))
+  assert chain.entropy_rate() == pytest.approx(h, rel=1e-9)
+
+
+def test_log_prob_is_a_normalised_distribution_over_documents():
+  chain = markov.MarkovChain.random(alphabet="xyz", order=2, concentration=0.5, seed=3)
+  total = sum(math.exp(chain.log_prob("".join(t))) for t in itertools.product("xyz", repeat=5))
+  assert total == pytest.approx(1.0, abs=1e-12)
+  # and it is the obvious product of pi and transitions
+  text = "zxyyxz"
+  idx = ["xyz".index(c) for c in text]
+  expected = math.log(chain.stationary()[idx[0] * 3 + idx[1]])
+  for a, b, c in zip(idx, idx[1:], idx[2:]):
+    expected += math.log(chain.transitions[a * 3 + b, c])
+  assert chain.log_prob(text) == pytest.approx(expected, rel=1e-12)
+
+
+def test_samples_follow_the_chain():
+  chain = markov.MarkovChain.random(alphabet="ab c", order=2, concentration=0.5, seed=5)
+  docs = chain.sample(200, 500, seed=1)
+  assert len(docs) == 200 and all(len(d) == 500 and set(d) <= set("ab c") for d in docs)
+  assert docs == chain.sample(200, 500, seed=1) and docs != chain.sample(200, 500, seed=2)
+  counts = np.zeros_like(chain.transitions)
+  index = {c: i for i, c in enumerate(chain.alphabet)}
+  for d in docs:
+    ids = [index[c] for c in d]
+    for a, b, c in zip(ids, ids[1:], ids[2:]):
+      counts[a * 4 + b, c] += 1
+  n_s = counts.sum(axis=1, keepdims=True)
+  # Each empirical frequency is a multinomial proportion: std sqrt(p (1 - p) / n); 6 std is far in the tail
+  # for all 64 cells together (a wrong row, e.g. an off-by-one state, moves cells by O(p), not O(1/sqrt(n))).
+  p = chain.transitions
+  assert np.all(np.abs(counts / n_s - p) <= 6 * np.sqrt(p * (1 - p) / n_s) + 1e-12)
+  # The mean log-loss of the samples estimates the entropy rate (documents independent: std over documents).
+  per_doc = np.array([-chain.log_prob(d) / len(d) for d in docs])
+  assert abs(per_doc.mean() - chain.entropy_rate()) <= 6 * per_doc.std() / math.sqrt(len(docs)) + 0.02
+  # (+0.02: the first two symbols cost log pi, not the rate, a bias of at most ~2 log 16 / 500)
+
+
+def test_bad_arguments_name_the_field():
+  with pytest.raises(ConfigError, match="alphabet"):
+    markov.MarkovChain.random(alphabet="aa")
+  with pytest.raises(ConfigError, match="concentration"):
+    markov.MarkovChain.random(concentration=0.0)
+  chain = markov.MarkovChain.random(alphabet="ab", order=1)
+  with pytest.raises(ConfigError, match="not in the chain's alphabet"):
+    chain.log_prob("abc")
+
+
+def test_write_splits_writes_documents_and_their_exact_bits_per_byte(tmp_path):
+  truth = markov.write_splits(str(tmp_path), num_train=30, num_valid=5, length=200, order=2,
+                                   concentration=0.1, seed=7)
+  on_disk = json.loads((tmp_path / "truth.json").read_text())
+  assert on_disk == pytest.approx(truth)
+  train = (tmp_path / "train.txt").read_text().splitlines()
+  valid = (tmp_path / "valid.txt").read_text().splitlines()
+  assert len(train) == 30 and len(valid) == 5 and all(len(d) == 200 for d in train + valid)
+  assert not set(train) & set(valid)
+  chain = markov.chain_of_truth(on_disk)
+  np.testing.assert_array_equal(chain.transitions, markov.MarkovChain.random(
+      order=2, concentration=0.1, seed=int(np.random.SeedSequence((7, 0)).generate_state(1)[0])).transitions)
+  nats = -sum(chain.log_prob(d) for d in valid)
+  assert truth["valid_bits_per_byte"] == pytest.approx(nats / (5 * 200 * math.log(2)), rel=1e-12)
+  assert truth["entropy_rate_bits_per_char"] == pytest.approx(chain.entropy_rate() / math.log(2), rel=1e-12)
+
+
+def test_canvas_posteriors_match_enumeration():
+  """Forward-backward posteriors p(x_i | z) and p(x_i | z_-i) of a noisy canvas against summing over every
+  clean canvas (4^6 of them), float64."""
+  chain = markov.MarkovChain.random(alphabet="abc ", order=2, concentration=0.3, seed=2)
+  S, C, V, alpha = 4, 6, 11, 0.6
+  rng = np.random.default_rng(0)
+  prefix = "ca"
+  z = np.array([0, -1, 3, 3, -1, 1])  # -1: a noisy id outside the alphabet
+  full, loo = markov.canvas_posteriors(chain, prefix, z, alpha, V)
+  want_full, want_loo = np.zeros((C, S)), np.zeros((C, S))
+  for xs in itertools.product(range(S), repeat=C):
+    text = prefix + "".join(chain.alphabet[x] for x in xs)
+    p = math.exp(chain.log_prob(text) - chain.log_prob(prefix))   # p(canvas | prefix)
+    emit = [alpha * (zi == xi) + (1 - alpha) / V for zi, xi in zip(z, xs)]
+    joint = p * np.prod(emit)
+    for i, xi in enumerate(xs):
+      want_full[i, xi] += joint
+      want_loo[i, xi] += joint / emit[i]
+  want_full /= want_full.sum(1, keepdims=True)
+  want_loo /= want_loo.sum(1, keepdims=True)
+  np.testing.assert_allclose(full, want_full, rtol=1e-9, atol=1e-12)
+  np.testing.assert_allclose(loo, want_loo, rtol=1e-9, atol=1e-12)
+  assert not np.allclose(full, loo)
+  del rng
