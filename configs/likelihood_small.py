@@ -17,31 +17,13 @@ no time input, so a posterior output cannot be precise at low noise); three canv
       --config.diffusion.objective=base_ce --config.train.num_steps=4000
 """
 
-from configs import base
-from configs.models import tiny
+from configs import base, demo
 
 
 def get_config(train_file: str = ""):
   config = base.get_config()
-  config.model = tiny.get_config()
-  config.model.update(dict(
-      preset="likelihood_small",
-      vocab_size=260,  # the byte tokenizer
-      d_model=128,
-      num_layers=4,
-      layer_types=("sliding", "sliding", "sliding", "global"),
-      num_heads=4,
-      num_kv_heads=2,
-      head_dim=32,
-      sliding_window=64,
-      global_num_kv_heads=1,
-      global_head_dim=64,
-      mlp_hidden=256,
-      num_experts=4,
-      experts_per_token=2,
-      expert_hidden=128,
-      moe_impl="dense",
-  ))
+  config.model = demo.get_config().model  # the demo's architecture ...
+  config.model.update(dict(preset="likelihood_small", vocab_size=260))  # ... on byte tokens
   config.data.source = "files"
   config.data.files = (train_file,) if train_file else ()
   config.data.txt_mode = "line"

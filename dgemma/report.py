@@ -55,9 +55,16 @@ def plot_sweep(rows: Sequence[dict], x: str, y: str, out_png: str | Path, title:
   ax.set_xlabel(x)
   ax.set_ylabel(y)
   ax.set_title(title or f"{y} vs {x}", fontsize=9)
-  ax.grid(alpha=0.3)
   if any(groups):
     ax.legend(fontsize=7)
+  save_figure(fig, out_png)
+
+
+def save_figure(fig, out_png: str | Path) -> None:
+  """Grid, tight layout, the PNG written (its directory made), the figure closed."""
+  import matplotlib.pyplot as plt
+  for ax in fig.axes:
+    ax.grid(alpha=0.3)
   fig.tight_layout()
   Path(out_png).parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(out_png)

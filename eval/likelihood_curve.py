@@ -22,7 +22,7 @@ from pathlib import Path
 from absl import flags
 
 import dgemma
-from dgemma import files
+from dgemma import files, report
 from dgemma.checkpoints import workdir as workdir_lib
 from dgemma.data import builder as builder_lib, markov
 from dgemma.errors import ConfigError
@@ -107,12 +107,8 @@ def plot(rows: list[dict], truth_bpb: float | None, out_png: Path) -> None:
     ax.axhline(1.1 * truth_bpb, color="gray", ls=":", lw=1, label="truth + 10%")
   ax.set_xlabel("training minutes (this CPU)")
   ax.set_ylabel("bits per byte (bound / exact NLL)")
-  ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  out_png.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out_png)
-  plt.close(fig)
+  report.save_figure(fig, out_png)
 
 
 def main(argv):

@@ -24,7 +24,7 @@ import numpy as np
 from absl import flags
 
 import dgemma
-from dgemma import files
+from dgemma import files, report
 from dgemma.data import builder as builder_lib, markov
 from dgemma.diffusion import likelihood, objectives, schedules
 from dgemma.diffusion.corruption import split_context_canvas
@@ -131,12 +131,8 @@ def plot(rows: list[dict], out_png: Path, title: str) -> None:
   ax.set_xlabel("noise level t")
   ax.set_ylabel("NELBO integrand (nats / token)")
   ax.set_title(title, fontsize=8)
-  ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  out_png.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out_png)
-  plt.close(fig)
+  report.save_figure(fig, out_png)
 
 
 def main(argv):
