@@ -26,7 +26,7 @@ from absl import flags
 import dgemma
 from dgemma import files, report
 from dgemma.data import builder as builder_lib, markov
-from dgemma.diffusion import likelihood, objectives, schedules
+from dgemma.diffusion import likelihood, objectives
 from dgemma.diffusion.corruption import split_context_canvas
 from dgemma.errors import ConfigError
 from dgemma.model import Transformer, init_cache
@@ -59,6 +59,8 @@ def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *,
   st = model.settings
   if st.diffusion.objective_record.autoregressive or st.diffusion.objective_record.masked:
     raise ConfigError(f"--checkpoint: objective {st.diffusion.objective!r} is not a uniform-state diffusion run")
+  if st.diffusion.schedule != "linear":
+    raise ConfigError(f"diffusion.schedule: {st.diffusion.schedule!r}; this profile assumes the linear schedule")
   C = st.diffusion.canvas_len
   context_len = st.eval.context_len or st.data.seq_len - C
   tok = model.tokenizer
@@ -87,13 +89,10 @@ def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *,
     logits_BCV = decode(None)
     if st.eval.self_conditioning and model_cfg.self_conditioning:
       logits_BCV = decode(logits_BCV)
-    a_BC = jnp.full(noisy_BC.shape, alpha, jnp.float32)
-    _, da = schedules.alpha_and_derivative(st.diffusion.schedule, 1.0 - alpha, st.diffusion.schedule_eps)
-    return record.nelbo_per_token(logits_BCV, canvas["tokens"], noisy_BC, a_BC, jnp.full(noisy_BC.shape, da),
+    a_BC = jnp.full(noisy_BC.shape, alpha, jnp.float32)  # linear schedule: alpha = 1 - t, alpha' = -1
+    return record.nelbo_per_token(logits_BCV, canvas["tokens"], noisy_BC, a_BC, -jnp.ones(noisy_BC.shape),
                                   mask_id=st.diffusion.mask_id)
 
-  if st.diffusion.schedule != "linear":
-    raise ConfigError(f"diffusion.schedule: {st.diffusion.schedule!r}; this profile assumes the linear schedule")
   rng = np.random.default_rng(seed)
   x_BC = batch["tokens"][:, context_len:]
   sym_ids = np.array([tok.encode(c)[0] for c in chain.alphabet])
