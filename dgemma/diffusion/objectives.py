@@ -110,22 +110,24 @@ def loo_cross_entropy(logits_NV: jax.Array, x0_N: jax.Array, zt_N: jax.Array, al
   return logz_N - _gather(logits_NV, x0_N) - jnp.where(x0_N == zt_N, delta_N, 0.0)
 
 
+def _shift_observed(logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array, sign: float) -> jax.Array:
+  """f + sign * delta onehot(z), delta = log(1 + N alpha / (1 - alpha)), fp32."""
+  logits_NV = logits_NV.astype(jnp.float32)
+  delta_N = jax.nn.softplus(log_snr(alpha_N, logits_NV.shape[-1]))
+  is_z_NV = jnp.arange(logits_NV.shape[-1], dtype=jnp.int32) == zt_N[..., None]
+  return logits_NV + jnp.where(is_z_NV, sign * delta_N[..., None], 0.0)
+
+
 def posterior_from_loo(logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
   """f + delta onehot(z): the posterior logits log p(x | z_t) from leave-one-out logits f = log p(x | z_t minus
   this token) (Bayes: p(x_i | z) is proportional to p(x_i | z_-i) q(z_i | x_i), and q(z_i | x_i) is
   (1 - alpha)/N times 1 + rho [x_i = z_i], rho = N alpha / (1 - alpha), delta = log(1 + rho))."""
-  logits_NV = logits_NV.astype(jnp.float32)
-  delta_N = jax.nn.softplus(log_snr(alpha_N, logits_NV.shape[-1]))
-  is_z_NV = jnp.arange(logits_NV.shape[-1], dtype=jnp.int32) == zt_N[..., None]
-  return logits_NV + jnp.where(is_z_NV, delta_N[..., None], 0.0)
+  return _shift_observed(logits_NV, zt_N, alpha_N, 1.0)
 
 
 def loo_from_posterior(logits_NV: jax.Array, zt_N: jax.Array, alpha_N: jax.Array) -> jax.Array:
   """f - delta onehot(z): the inverse of `posterior_from_loo` (leave-one-out logits from posterior logits)."""
-  logits_NV = logits_NV.astype(jnp.float32)
-  delta_N = jax.nn.softplus(log_snr(alpha_N, logits_NV.shape[-1]))
-  is_z_NV = jnp.arange(logits_NV.shape[-1], dtype=jnp.int32) == zt_N[..., None]
-  return logits_NV - jnp.where(is_z_NV, delta_N[..., None], 0.0)
+  return _shift_observed(logits_NV, zt_N, alpha_N, -1.0)
 
 
 # ---- uniform-state NELBO -------------------------------------------------------------------------

@@ -138,11 +138,14 @@ def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, sc_signal_fn: Cal
   logits_BCV = decode_fn(state.canvas_BC, state.sc_BCX, sc_mask_B).astype(jnp.float32)
   # 3. temperature (+ optional shaping): HF's processed logits, which are also the self-conditioning signal;
   # a kind with x0_logits steps on its own reading of the network output (the ancestral kinds: the
-  # leave-one-out prior), tempered and shaped the same way
-  proc_BCV = rules.shape_logits(logits_BCV / rules.temperature(cfg, s), cfg)
-  step_BCV = proc_BCV
-  if kind.x0_logits is not None:
-    step_BCV = rules.shape_logits(kind.x0_logits(logits_BCV, state, cfg, s) / rules.temperature(cfg, s), cfg)
+  # leave-one-out prior), tempered and shaped the same way. Without self-conditioning the signal is zeroed
+  # by the decoder, so that kind shapes one [B, C, V] array, not two.
+  temperature = rules.temperature(cfg, s)
+  if kind.x0_logits is None:
+    proc_BCV = step_BCV = rules.shape_logits(logits_BCV / temperature, cfg)
+  else:
+    step_BCV = rules.shape_logits(kind.x0_logits(logits_BCV, state, cfg, s) / temperature, cfg)
+    proc_BCV = rules.shape_logits(logits_BCV / temperature, cfg) if cfg.self_conditioning else step_BCV
   argmax_BC = jnp.argmax(step_BCV, axis=-1).astype(jnp.int32)
   canvas_BC, held_BC, accepted_BC, shown_BC, sampled_BC, argmax_BC, ent_BC = kind.step(
       state, cfg, noise, canvas_idx, s, step_BCV, argmax_BC, fixed_BC, fixed_mask_BC)
