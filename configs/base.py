@@ -72,6 +72,15 @@ def get_config() -> ml_collections.ConfigDict:
                                          # low-noise examples, density ~ t^(1/p - 1); the eval bound still
                                          # integrates t uniformly, and the train-time canvas_nelbo metric is
                                          # importance-weighted back to it)
+  # Duo's curriculum (dgemma/diffusion/relaxation.py): for the first curriculum_steps training steps the
+  # decoder reads softmax(w / tau) of a Gaussian latent w whose argmax is the uniform-state canvas (same
+  # alpha(t), same loss at the argmax); tau goes geometrically from tau_start to tau_end. 0 = off.
+  config.diffusion.curriculum_steps = 0
+  config.diffusion.curriculum_tau_start = 1e-3
+  config.diffusion.curriculum_tau_end = 1e-3
+  config.diffusion.curriculum_alpha_range = ()  # (alpha_lo, alpha_hi): the curriculum's times as Duo draws them,
+                                         # log-SNR uniform between those levels (Duo on GPT-2: about (0.04, 0.93));
+                                         # () = the schedule's alpha(t)
 
   # SFT data and block-causal multi-canvas training (dgemma/data/sft.py; dgemma/diffusion/loss.py docstring).
   config.data.format = "text"            # 'text' (packed documents) | 'sft' (.jsonl prompt/response or chat)

@@ -188,6 +188,10 @@ class DiffusionSettings:
   antithetic_t: bool = False
   t_power: float = 1.0
   canvases_per_row: int = 1
+  curriculum_steps: int = 0
+  curriculum_tau_start: float = 1e-3
+  curriculum_tau_end: float = 1e-3
+  curriculum_alpha_range: tuple[float, ...] = ()
 
   @property
   def objective_record(self) -> objectives.Objective:
@@ -369,6 +373,9 @@ def _data(d) -> DataSettings:
 
 
 def _diffusion(d, seq_len: int) -> DiffusionSettings:
+  window = _tuple(d.curriculum_alpha_range)
+  _need(all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in window),
+        "diffusion.curriculum_alpha_range", f"need numbers (alpha_lo, alpha_hi), got {window}")
   out = DiffusionSettings(
       canvas_len=_int("diffusion.canvas_len", d.canvas_len, 1),
       t_eps=_float("diffusion.t_eps", d.t_eps, 0.0, 1.0, lo_open=True, hi_open=True),
@@ -381,7 +388,11 @@ def _diffusion(d, seq_len: int) -> DiffusionSettings:
       mask_id=_int("diffusion.mask_id", d.mask_id, 0),
       antithetic_t=_bool("diffusion.antithetic_t", d.antithetic_t),
       t_power=_float("diffusion.t_power", d.t_power, 0.0, 10.0, lo_open=True),
-      canvases_per_row=_int("diffusion.canvases_per_row", d.canvases_per_row, 1))
+      canvases_per_row=_int("diffusion.canvases_per_row", d.canvases_per_row, 1),
+      curriculum_steps=_int("diffusion.curriculum_steps", d.curriculum_steps, 0),
+      curriculum_tau_start=_float("diffusion.curriculum_tau_start", d.curriculum_tau_start, 0.0, lo_open=True),
+      curriculum_tau_end=_float("diffusion.curriculum_tau_end", d.curriculum_tau_end, 0.0, lo_open=True),
+      curriculum_alpha_range=tuple(float(a) for a in window))
   _need(out.canvas_len < seq_len, "diffusion.canvas_len",
         f"canvas of {out.canvas_len} tokens does not fit in data.seq_len={seq_len} "
         "(the sequence is context + canvas; the canvas must be shorter)")
@@ -390,6 +401,12 @@ def _diffusion(d, seq_len: int) -> DiffusionSettings:
         f"{K} canvases of diffusion.canvas_len={out.canvas_len} do not fit in data.seq_len={seq_len}")
   _need(K == 1 or not out.objective_record.autoregressive, "diffusion.canvases_per_row",
         f"objective 'ar' has no canvases; use 1, got {K}")
+  window = out.curriculum_alpha_range
+  _need(not window or (len(window) == 2 and 0.0 <= window[0] < window[1] < 1.0), "diffusion.curriculum_alpha_range",
+        f"need () or (alpha_lo, alpha_hi) with 0 <= alpha_lo < alpha_hi < 1, got {window}")
+  _need(out.curriculum_steps == 0 or out.objective_record.corruption == objectives.UNIFORM,
+        "diffusion.curriculum_steps", f"the Gaussian-relaxation curriculum is for uniform-state objectives; "
+        f"objective {out.objective!r} corrupts with {out.objective_record.corruption!r} (use 0)")
   return out
 
 

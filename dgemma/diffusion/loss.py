@@ -30,6 +30,14 @@ loo_ce, reweighted_loo_ce, nelbo (uniform-state NELBO), mdlm (masked-diffusion b
 replaced by `mask_id` with probability 1 - alpha) and ar (no canvas: next-token CE of the causal
 encoder over the whole row).
 
+Duo's curriculum (`diffusion.curriculum_steps` > 0, dgemma/diffusion/relaxation.py): for the first training
+steps the canvas is drawn as the argmax of a Gaussian latent with exactly the uniform-state marginal at
+alpha(t), and the decoder reads the latent's tempered softmax instead of the argmax's one-hot; the objective
+is scored at the argmax as usual (at Duo's times, log-SNR uniform on a window, with
+`curriculum_alpha_range`). Later steps draw the ordinary corruption and feed it as one-hot rows, the
+discrete recipe exactly. `corrupted_fraction` counts z != x on relaxed steps (a uniform draw of the clean
+token itself counts as replaced on discrete ones).
+
 Randomness is drawn per example from fold_in(rng, global example index), so a batch split into
 micro-batches (gradient accumulation) sees exactly the noise of the whole batch; losses are sums
 divided by whole-batch token counts (`batch_totals`), so micro-batch losses add up to the batch loss.
@@ -42,7 +50,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from dgemma.diffusion import objectives, schedules
+from dgemma.diffusion import objectives, relaxation, schedules
 from dgemma.diffusion.corruption import corrupt_rows, split_context_canvas
 from dgemma.model import ModelConfig, Transformer, init_cache
 
@@ -126,7 +134,7 @@ def sum_sown_router_losses(intermediates: Any) -> dict[str, jax.Array]:
 def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, model_cfg: ModelConfig,
                    loss_cfg, example_ids_B: jax.Array | None = None,
                    totals: dict[str, jax.Array] | None = None,
-                   eval_metrics: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+                   eval_metrics: bool = False, step: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
   """DiffusionGemma SFT/pretraining loss on packed rows `{tokens, segment_ids, positions}` [B, L].
 
   Returns (scalar loss, metrics). The canvas loss sums the objective's per-token loss over every
@@ -137,6 +145,8 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   eval_metrics: also report 'canvas_nelbo', the objective's NELBO integrand at the sampled t
   averaged over canvas tokens (uniform objectives: with the objective's x0 logits; mdlm: its NELBO;
   ar: the canvas next-token NLL), an unbiased estimate of the diffusion part of the NLL bound.
+  step: the training step; with diffusion.curriculum_steps > 0, steps before it read the Gaussian
+  relaxation of the canvas (module docstring). None (evaluation) is the discrete process.
   """
   model = Transformer(model_cfg)
   batch_size = batch["tokens"].shape[0]
@@ -166,13 +176,43 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   t_B = sample_times(keys_B3[:, 0], example_ids_B, rng_batch, totals["examples"] * K, loss_cfg)
   alpha_B, dalpha_B = schedules.alpha_and_derivative(loss_cfg.schedule, t_B, loss_cfg.schedule_eps)
   mask_id = loss_cfg.mask_id if objective.masked else None
-  noisy_BC, replaced_BC = corrupt_rows(keys_B3[:, 1], canvas["tokens"].reshape(-1, C), 1.0 - alpha_B,
-                                       model_cfg.vocab_size, mask_id=mask_id)
+  V = model_cfg.vocab_size
+  curriculum = bool(loss_cfg.curriculum_steps) and step is not None
+  if curriculum:
+    in_curriculum = jnp.asarray(step) < loss_cfg.curriculum_steps
+    if loss_cfg.curriculum_alpha_range:  # Duo's times: log-SNR uniform on a window (relaxation.py)
+      cur_alpha_B, cur_dalpha_B = relaxation.curriculum_alpha(t_B, loss_cfg, V)
+      alpha_B = jnp.where(in_curriculum, cur_alpha_B, alpha_B)
+      dalpha_B = jnp.where(in_curriculum, cur_dalpha_B, dalpha_B)
+  clean_BC = canvas["tokens"].reshape(-1, C)
+
+  def discrete_noise(_):
+    return corrupt_rows(keys_B3[:, 1], clean_BC, 1.0 - alpha_B, V, mask_id=mask_id)
+
+  probs_BCV = None
+  if curriculum:  # Duo's curriculum (dgemma/diffusion/relaxation.py)
+    tau = relaxation.curriculum_tau(step, loss_cfg)
+
+    def relaxed_noise(_):
+      z_BC, soft_BCV = relaxation.relaxed_rows(keys_B3[:, 1], clean_BC, alpha_B, V, tau)
+      return z_BC, z_BC != clean_BC, soft_BCV
+
+    def one_hot_noise(_):  # after the curriculum: the discrete draw, read as exact one-hot rows
+      z_BC, replaced_BC = discrete_noise(None)
+      return z_BC, replaced_BC, jax.nn.one_hot(z_BC, V, dtype=jnp.float32)
+
+    noisy_BC, replaced_BC, probs_BCV = jax.lax.cond(in_curriculum, relaxed_noise, one_hot_noise, None)
+    probs_BCV = probs_BCV.reshape(batch_size, K * C, V)
+    metrics["relaxation_tau"] = jnp.where(in_curriculum, tau, 0.0) * router_scale  # additive over micro-batches
+  else:
+    noisy_BC, replaced_BC = discrete_noise(None)
   noisy_BC, replaced_BC = noisy_BC.reshape(batch_size, K * C), replaced_BC.reshape(batch_size, K * C)
   if "infill_mask" in canvas:  # given canvas tokens stay clean (module docstring)
     held_BC = canvas["infill_mask"] != 0
     noisy_BC = jnp.where(held_BC, canvas["tokens"], noisy_BC)
     replaced_BC = replaced_BC & ~held_BC
+    if probs_BCV is not None:
+      probs_BCV = jnp.where(held_BC[..., None], jax.nn.one_hot(canvas["tokens"], V, dtype=jnp.float32), probs_BCV)
   per_token = lambda x_B: jnp.repeat(x_B.reshape(batch_size, K), C, axis=1)  # per canvas -> [B, K*C]
 
   # Encoder: causal pass over the clean context fills the KV cache (and gives next-token logits).
@@ -183,7 +223,7 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
 
   def decode(sc_logits_BCV, sc_mask_B):
     return apply(noisy_BC, canvas["positions"], canvas["segment_ids"], cache, sc_logits_BCV=sc_logits_BCV,
-                 sc_mask_B=sc_mask_B, num_canvases=K, method=Transformer.decode)
+                 sc_mask_B=sc_mask_B, num_canvases=K, canvas_probs_BCV=probs_BCV, method=Transformer.decode)
 
   # Self-conditioning training: a first pass without it; its logits (no gradient) feed the scored
   # second pass for each example with probability self_cond_prob (zeros otherwise). The first pass's

@@ -366,7 +366,8 @@ class Transformer(nn.Module):
     return self.embedder.soft_encode(probs_BCV.astype(logits_BCV.dtype))
 
   def decode(self, canvas_BC, positions_BC, segment_ids_BC, cache: KVCache, sc_logits_BCV=None,
-             sc_mask_B=None, num_canvases: int = 1, sc_embeddings_BCD=None, per_query_window: bool = False):
+             sc_mask_B=None, num_canvases: int = 1, sc_embeddings_BCD=None, per_query_window: bool = False,
+             canvas_probs_BCV=None):
     """Bidirectional pass over the canvas reading (never writing) `cache`. Returns logits_BCV (fp32).
 
     sc_logits_BCV: previous step's logits for self-conditioning (None = zero signal); or
@@ -376,11 +377,17 @@ class Transformer(nn.Module):
     num_canvases: K > 1 decodes K canvases of C // K tokens at once, block-causally (training only;
       canvas k ends where the cache's clean canvas k + 1 begins: attention.py docstring).
     per_query_window: the official sampler's sliding window for the context (attention.decoder_masks).
+    canvas_probs_BCV: distributions over the vocabulary read in place of the canvas tokens, embedded as
+      probs @ table * sqrt(D) (training's Gaussian-relaxation curriculum, dgemma/diffusion/relaxation.py; a
+      one-hot row embeds as its token does, exactly at fp32 compute).
     """
     cfg = self.cfg
     positions_BC = positions_BC.astype(jnp.int32)
     segment_ids_BC = segment_ids_BC.astype(jnp.int32)
-    x_BCD = self.embedder.encode(canvas_BC)
+    if canvas_probs_BCV is None:
+      x_BCD = self.embedder.encode(canvas_BC)
+    else:
+      x_BCD = self.embedder.soft_encode(canvas_probs_BCV)
     if cfg.self_conditioning:
       if sc_embeddings_BCD is not None:
         soft_BCD = sc_embeddings_BCD.astype(layers.compute_dtype(cfg))

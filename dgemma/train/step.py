@@ -70,7 +70,8 @@ def make_train_step(model_cfg: ModelConfig, loss_cfg, optimizer, schedule: optax
 
   def train_step(state: TrainState, batch: dict, base_rng: jax.Array):
     rng = jax.random.fold_in(base_rng, state.step)
-    loss_fn = functools.partial(diffusion_loss_lib.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg)
+    loss_fn = functools.partial(diffusion_loss_lib.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg,
+                                step=state.step)
     if not has_frozen:
       metrics, grads = accumulate_gradients(loss_fn, state.params, batch, rng, loss_cfg, grad_accum_steps)
       grad_norm = optax.tree.norm(grads)
