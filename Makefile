@@ -1,4 +1,4 @@
-# dgemma: `make demo` (set up + train the demo config on the bundled corpus + sample + report)
+# dgemma: `make demo` (set up + train the demo config on the bundled corpus + sample + score the samples + report)
 # and `make test` (set up if needed + the test suite). Needs only Python 3.11 and pip.
 PYTHON ?= python3
 VENV := .venv
@@ -24,6 +24,8 @@ demo: venv data
 	$(PY) train.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR)
 	$(PY) sample.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR) \
 	  --config.sample.trajectory_html=$(REPORT)/trajectory.html
+	$(PY) -m eval.samples --checkpoint=$(DEMO_WORKDIR) --real_words=train --num_samples=32 \
+	  --out=$(DEMO_WORKDIR)/sample_quality.json
 	$(PY) -m dgemma.tools.report --workdir=$(DEMO_WORKDIR) --out=$(REPORT)
 
 test: venv  # everything, the slow tier included (what CI runs)

@@ -1,9 +1,11 @@
-"""A small report folder for a run: loss curves (PNG), samples, and an HTML denoising trajectory
-(the command: python -m dgemma.tools.report --workdir=workdirs/demo --out=report)."""
+"""A small report folder for a run: loss curves (PNG), samples, their quality when eval.samples has scored
+them (WORKDIR/sample_quality.json: real-word rate and unigram entropy beside held-out text), and an HTML
+denoising trajectory (the command: python -m dgemma.tools.report --workdir=workdirs/demo --out=report)."""
 
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -104,6 +106,26 @@ def trajectory_html(pieces_SC: Sequence[Sequence[str]], accepted_SC: np.ndarray,
           " (hover a token for its entropy)</p>" + "".join(rows) + "</body></html>")
 
 
+QUALITY_FILE = "sample_quality.json"  # eval.samples' summary of the run's samples (`make demo` writes it)
+
+
+def quality_html(summary: dict) -> str:
+  """The sample-quality table of a report: real-word rate and unigram entropy beside held-out text."""
+  def cell(key):
+    value = summary.get(key)
+    return "-" if value is None else f"{value:.3f}"
+  rows = [("real-word rate (share of words, lowercased letter runs, found in the training text)",
+           "real_word_rate", "real_word_rate_heldout"),
+          ("unigram entropy of a sample's tokens, nats (low = repetitive)", "unigram_entropy",
+           "unigram_entropy_heldout")]
+  body = "".join(f"<tr><td>{html.escape(name)}</td><td>{cell(a)}</td><td>{cell(b)}</td></tr>" for name, a, b in rows)
+  what = (f"{summary.get('num_samples', '?')} samples of {summary.get('max_new_tokens', '?')} tokens, sampler "
+          f"{html.escape(str(summary.get('sampler', '?')))}, {summary.get('passes_per_canvas', float('nan')):.1f} "
+          "decoder passes per canvas (python -m eval.samples)")
+  return (f"<h2>Sample quality</h2><p>{what}</p><table><tr><th></th><th>samples</th><th>held-out text</th></tr>"
+          f"{body}</table>")
+
+
 def write_report(workdir: str | Path, out_dir: str | Path) -> Path:
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
@@ -121,6 +143,9 @@ def write_report(workdir: str | Path, out_dir: str | Path) -> Path:
   if last_eval:
     index.append("<p>final validation: " + ", ".join(
         f"{k}={v:.4f}" for k, v in last_eval.items() if k not in ("step", "split")) + f" (step {last_eval['step']})</p>")
+  quality = Path(workdir) / QUALITY_FILE
+  if quality.exists():
+    index.append(quality_html(json.loads(quality.read_text())))
   index.append(f"<h2>Samples</h2><pre>{samples_html}</pre>")
   if traj:
     index.append("<h2>Denoising</h2><p><a href='trajectory.html'>one denoising trajectory</a></p>")

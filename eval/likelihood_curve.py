@@ -27,6 +27,7 @@ from dgemma.checkpoints import workdir as workdir_lib
 from dgemma.data import builder as builder_lib, markov
 from dgemma.errors import ConfigError
 from dgemma.tools import cli
+from dgemma.train import metrics as metrics_lib
 
 _FLAGS: dict = {}
 
@@ -44,40 +45,28 @@ def define_flags() -> None:
                                                  "Score only the first this many documents (0 = all).")
 
 
-def parse_runs(text: str) -> list[tuple[str, str]]:
-  """'a=dir1,b=dir2' -> [(a, dir1), (b, dir2)]; every dir must be a training workdir with checkpoints."""
+def parse_runs(text: str, need_checkpoints: bool = True) -> list[tuple[str, str]]:
+  """'a=dir1,b=dir2' -> [(a, dir1), (b, dir2)]; every dir must be a training workdir (with saved checkpoints
+  when `need_checkpoints`; with its metrics.jsonl otherwise)."""
   runs = []
   for item in filter(None, (s.strip() for s in text.split(","))):
     name, sep, path = item.partition("=")
     if not sep or not name or not path:
       raise ConfigError(f"--runs: {item!r} is not NAME=WORKDIR")
-    if not workdir_lib.is_workdir(path) or not workdir_lib.steps(path):
+    if need_checkpoints and (not workdir_lib.is_workdir(path) or not workdir_lib.steps(path)):
       raise ConfigError(f"--runs: {path!r} ({name}) is not a training workdir with saved checkpoints")
+    if not need_checkpoints and not (Path(path) / metrics_lib.METRICS_FILE).is_file():
+      raise ConfigError(f"--runs: {path!r} ({name}) has no {metrics_lib.METRICS_FILE}: not a training workdir")
     runs.append((name, path))
   if not runs:
     raise ConfigError("--runs: empty")
   return runs
 
 
-def train_minutes(workdir: str) -> dict[int, float]:
-  """Cumulative training minutes at each logged train step of a workdir (from metrics.jsonl)."""
-  config = json.loads(workdir_lib.read_config_json(workdir))
-  tokens_per_step = config["data"]["batch_size"] * config["data"]["seq_len"]
-  minutes, total, last_step = {}, 0.0, 0
-  for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines():
-    row = json.loads(line)
-    if row.get("split") != "train" or not row.get("tokens_per_sec"):
-      continue
-    total += (row["step"] - last_step) * tokens_per_step / row["tokens_per_sec"] / 60.0
-    last_step = row["step"]
-    minutes[row["step"]] = total
-  return minutes
-
-
 def curve(runs: list[tuple[str, str]], texts: list[str], truth_bpb: float | None, print_fn=print) -> list[dict]:
   rows = []
   for name, path in runs:
-    minutes = train_minutes(path)
+    minutes = metrics_lib.train_minutes(path)
     for step in workdir_lib.steps(path):
       out = dgemma.load(path, step=step).score(texts)
       row = {"run": name, "step": step, "minutes": minutes.get(step), "measure": out["measure"],

@@ -17,7 +17,8 @@ reference, samples_out, out) in configs/base.py; flags of the same name override
   real_word_rate     with eval.real_words set: the share of the samples' words (lowercased letter runs, over
                      all samples) that occur in that corpus ('train': the run's training split; or a .txt
                      file); real_word_rate_heldout: the same count on the run's validation split, the
-                     yardstick ('train' with a validation split only)
+                     yardstick ('train' with a validation split only), and unigram_entropy_heldout: the
+                     unigram entropy of consecutive held-out pieces as long as the samples' mean length
   decoder_passes     mean forward passes per sample (AR: one per token); passes_per_canvas; tokens_per_forward
   wall_s, tokens_per_s  one generate call, compiled beforehand (compile + first call: first_call_s)
 
@@ -131,6 +132,20 @@ def real_word_corpora(settings) -> tuple[frozenset[str], tuple[str, ...]]:
   return frozenset(words(Path(spec).read_text(encoding="utf-8", errors="replace"))), ()
 
 
+def heldout_unigram_entropy(texts: Sequence[str], tokenizer, window: int, max_windows: int = 256) -> float:
+  """The yardstick for `unigram_entropy`: its mean over consecutive `window`-token pieces of held-out text
+  (the samples' length, since the entropy of a histogram grows with its length), the first `max_windows`
+  pieces of the documents in order (nan when the texts are shorter than one window)."""
+  values = []
+  for text in texts:
+    ids = tokenizer.encode(text)
+    for start in range(0, len(ids) - window + 1, window):
+      values.append(unigram_entropy(ids[start:start + window]))
+      if len(values) == max_windows:
+        return float(np.mean(values))
+  return float(np.mean(values)) if values else float("nan")
+
+
 def same_tokenizer(a, b) -> bool:
   """Same kind, size, special ids, and the same piece for every id."""
   if type(a) is not type(b) or a.vocab_size != b.vocab_size:
@@ -201,6 +216,7 @@ def sample_metrics(model: dgemma.Model, reference: Optional[dgemma.Model] = None
   summary = {"checkpoint": model.path, "step": model.step, "objective": model.objective.name,
              "num_samples": len(results), "max_new_tokens": st.sample.max_new_tokens,
              "mean_length": float(np.mean([len(x) for x in bodies])),
+             "sampler": "autoregressive" if ar else st.sample.sampler.sampler,
              "steps": 1 if ar else st.sample.sampler.max_denoising_steps,
              "decoder_passes": float(passes_B.mean()),
              "passes_per_canvas": 1.0 if ar else float(passes_B.mean()) / max(canvases, 1),
@@ -214,6 +230,8 @@ def sample_metrics(model: dgemma.Model, reference: Optional[dgemma.Model] = None
     summary["real_word_rate"] = real_word_rate([r.text for r in results], vocabulary)
     if heldout:
       summary["real_word_rate_heldout"] = real_word_rate(heldout, vocabulary)
+      window = max(1, int(round(summary["mean_length"])))
+      summary["unigram_entropy_heldout"] = heldout_unigram_entropy(heldout, model.tokenizer, window)
   nll_B = None
   if ref is not None:
     nll_B = reference_nll(ref, ids, [r.token_ids for r in results])

@@ -63,6 +63,34 @@ def test_report_writes_png_and_index(trained_workdir, tmp_path):
   assert "dgemma run report" in (out / "index.html").read_text()
 
 
+def test_report_shows_sample_quality_beside_held_out_text(tiny_run, tmp_path):
+  # what `make demo` does: eval.samples writes WORKDIR/sample_quality.json, the report shows it
+  import copy
+  import json
+  from eval import samples
+  workdir, run_config = tiny_run
+  config = copy.deepcopy(run_config)
+  quality = tmp_path / "wd_quality.json"
+  config.eval.update(real_words="train", num_samples=2, out=str(quality))
+  config.sample.max_new_tokens = 8
+  summary = samples.run(str(workdir), config, print_fn=lambda *_: None)
+  assert quality.read_text() == json.dumps(summary, indent=2) + "\n"
+  for key in ("real_word_rate", "real_word_rate_heldout", "unigram_entropy", "unigram_entropy_heldout"):
+    assert key in summary
+  page = report.quality_html(summary)
+  assert f"{summary['real_word_rate_heldout']:.3f}" in page and f"{summary['unigram_entropy']:.3f}" in page
+  assert "sampler released" in page
+  # the report folder carries the table when the workdir has the file, and not otherwise
+  quality_in_workdir = workdir / report.QUALITY_FILE
+  quality_in_workdir.write_text(quality.read_text())
+  try:
+    out = report.write_report(workdir, tmp_path / "report")
+    assert "Sample quality" in (out / "index.html").read_text()
+  finally:
+    quality_in_workdir.unlink()
+  assert "Sample quality" not in (report.write_report(workdir, tmp_path / "report2") / "index.html").read_text()
+
+
 def test_bad_sample_requests_fail_before_loading(trained_workdir, monkeypatch):
   """Each bad setting raises a ConfigError naming its key before the checkpoint is read or
   anything is compiled."""

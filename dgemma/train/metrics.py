@@ -11,6 +11,7 @@ from absl import logging
 from tensorboardX import SummaryWriter
 
 from dgemma import files
+from dgemma.checkpoints import workdir as workdir_ckpt
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -21,6 +22,21 @@ def read_metrics(workdir: str | Path) -> list[dict]:
   if not path.exists():
     raise FileNotFoundError(f"--workdir: {path} not found (train first)")
   return list(files.read_jsonl_records(path))
+
+
+def train_minutes(workdir: str | Path) -> dict[int, float]:
+  """Cumulative training minutes at each logged train step of a workdir: the sum of the logged windows
+  (log_every steps of batch x seq_len tokens at the window's tokens/s; evaluation and checkpointing excluded)."""
+  config = json.loads(workdir_ckpt.read_config_json(workdir))
+  tokens_per_step = config["data"]["batch_size"] * config["data"]["seq_len"]
+  minutes, total, last_step = {}, 0.0, 0
+  for row in read_metrics(workdir):
+    if row.get("split") != "train" or not row.get("tokens_per_sec"):
+      continue
+    total += (row["step"] - last_step) * tokens_per_step / row["tokens_per_sec"] / 60.0
+    last_step = row["step"]
+    minutes[row["step"]] = total
+  return minutes
 
 
 class MetricWriter:

@@ -9,6 +9,7 @@ import dgemma
 from dgemma.checkpoints import workdir as workdir_lib
 from dgemma.data import markov
 from dgemma.errors import ConfigError
+from dgemma.train import metrics as metrics_lib
 from eval import likelihood_curve
 
 
@@ -23,7 +24,7 @@ def test_runs_are_checked_before_anything_loads(tmp_path, tiny_run):
 
 def test_minutes_and_scores_of_every_checkpoint(tiny_run, tmp_path):
   workdir, config = tiny_run
-  minutes = likelihood_curve.train_minutes(str(workdir))
+  minutes = metrics_lib.train_minutes(str(workdir))  # (dgemma/train/metrics.py; the curve's minutes column)
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in rows if r["split"] == "train"]
   tokens = config.data.batch_size * config.data.seq_len

@@ -11,6 +11,7 @@ import dgemma
 from dgemma import checkpoints
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
+from dgemma import tokenizers
 from dgemma.checkpoints import params as params_ckpt
 from dgemma.errors import ConfigError
 from eval import ablate, samples
@@ -27,6 +28,14 @@ def test_text_statistics_by_hand():
   assert math.isnan(samples.distinct_n([[1]], 2))
   # 4-grams of 1 2 3 1 2 3 1: (123 1),(231 2),(312 3),(123 1) -> one repeat of 4; a sample without repeats: 0
   np.testing.assert_allclose(samples.repetition_rate([[1, 2, 3, 1, 2, 3, 1], [1, 2, 3, 4]], 4), (0.25 + 0.0) / 2)
+
+
+def test_heldout_unigram_entropy_by_hand():
+  byte = tokenizers.ByteTokenizer()
+  # windows of 4 tokens in order across documents: "aabb" -> ln 2, "abcd" -> ln 4; "xy" is shorter than one
+  assert samples.heldout_unigram_entropy(["aabbabcd", "xy"], byte, 4) == pytest.approx((math.log(2) + math.log(4)) / 2)
+  assert samples.heldout_unigram_entropy(["aabbabcd"], byte, 4, max_windows=1) == pytest.approx(math.log(2))
+  assert math.isnan(samples.heldout_unigram_entropy(["xy"], byte, 4))
 
 
 def test_real_word_rate_by_hand(tiny_config, tmp_path):
@@ -101,6 +110,9 @@ def test_sample_metrics_diffusion_and_ar(tiny_config, tmp_path):
     if spec == "train":
       assert {"the", "king"} <= vocabulary and heldout
       assert 0.5 < words_summary["real_word_rate_heldout"] <= 1.0  # held-out text of the same toy corpus
+      window = max(1, int(round(words_summary["mean_length"])))
+      assert words_summary["unigram_entropy_heldout"] == samples.heldout_unigram_entropy(
+          heldout, with_words.tokenizer, window)
     else:
       assert vocabulary == {"the", "king", "thy", "lord"} and "real_word_rate_heldout" not in words_summary
 
@@ -171,7 +183,7 @@ def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus
   assert len(ablate.check_ablation(renoise_sudoku.get_config())) == 9
   choices = ablate.check_ablation(training_choices.get_config())
   assert [name for name, _, overrides in choices if ablate._needs_training(overrides)] == [
-      "reweighted_ce", "nelbo", "masked_mdlm", "no_self_cond"]
+      "reweighted_ce", "nelbo", "loo_ce", "loo_nelbo_ce", "masked_mdlm", "no_self_cond"]
 
 
 @pytest.mark.slow  # several whole training runs with checkpoints (the loop end to end)
