@@ -3,9 +3,10 @@
   .venv/bin/python bench/train_throughput.py --config=configs/demo.py [--steps=20]
 
 Prints tokens/s of the jitted train step (data already on device, compile excluded), the model
-FLOP rate it implies (6 x active parameters per token, x 4/3 for the no-grad self-conditioning pass
-when enabled, plus attention), and that rate as a fraction of a large f32 matmul's rate measured in
-the same process (the machine's practical peak).
+FLOP rate it implies (6 x active parameters per encoder and decoder token, K canvases of C tokens per
+row, plus 2 per parameter per canvas token for the no-grad self-conditioning pass when enabled;
+attention's score FLOPs are not counted), and that rate as a fraction of a large f32 matmul's rate
+measured in the same process (the machine's practical peak).
 """
 
 import sys
@@ -64,11 +65,17 @@ def main(argv):
   tokens = config.data.batch_size * config.data.seq_len
   counts = count_params(model_cfg)
   total, active = counts['total'], counts['active']
-  # Forward+backward = 6 FLOPs per active parameter per token; the self-conditioning first pass
-  # over the canvas is a forward only (2 per parameter) on canvas tokens.
-  canvas_frac = config.diffusion.canvas_len / config.data.seq_len
-  sc = 2 * canvas_frac if (model_cfg.self_conditioning and loss_cfg.self_cond_prob > 0) else 0
-  model_gflops = (6 + sc) * active * tokens / sec_per_step / 1e9
+  # Forward+backward = 6 FLOPs per active parameter per token, over the encoder's tokens (the row up to its
+  # last canvas) and the decoder's (K canvases of C); the self-conditioning first pass over the canvases is a
+  # forward only (2 per parameter). An AR run is one causal pass over the whole row.
+  d = settings.diffusion
+  if d.objective_record.autoregressive:
+    model_flops = 6 * active * tokens
+  else:
+    rows, canvas_tokens = config.data.batch_size, d.canvases_per_row * d.canvas_len
+    sc = 2 if (model_cfg.self_conditioning and d.self_cond_prob > 0) else 0
+    model_flops = rows * (6 * active * (config.data.seq_len - d.canvas_len + canvas_tokens) + sc * active * canvas_tokens)
+  model_gflops = model_flops / sec_per_step / 1e9
   peak = matmul_gflops()
   print(f"config: {config.model.get('preset', '?')}  params total={total/1e6:.2f}M active={active/1e6:.2f}M  "
         f"batch={config.data.batch_size}x{config.data.seq_len}")

@@ -8,6 +8,15 @@
   # override anything from the command line, e.g. a longer run with a higher learning rate:
   python train.py --config=configs/demo.py --workdir=workdirs/demo_long \
       --config.train.num_steps=3000 --config.opt.lr=2e-3
+
+Measured choices (docs/results.md, "A demo a reader recognises"): 8,192 SentencePiece pieces instead of
+2,048 (most words are one piece, so the model's mistakes fall between words more often than inside them)
+and the uniform-state ancestral sampler (`sample.sampler='ancestral'`) instead of the released
+entropy-bound sampler. Over 32 samples of 64 tokens after "ROMEO:", the real-word rate goes from 0.61-0.68
+to 0.92, at 1.45x the train step time (`make demo` prints it: eval.samples writes
+workdirs/demo/sample_quality.json and the report shows it). The samples' unigram entropy is 2.3 nats
+against 3.7 for held-out text: they still repeat punctuation and line breaks. The released sampler:
+--config.sample.sampler=released.
 """
 
 from configs import base
@@ -19,7 +28,7 @@ def get_config():
   config.model = tiny.get_config()
   config.model.update(dict(
       preset="demo",
-      vocab_size=2048,
+      vocab_size=8192,
       d_model=128,
       num_layers=4,
       layer_types=("sliding", "sliding", "sliding", "global"),
@@ -38,7 +47,7 @@ def get_config():
   config.data.source = "shakespeare"
   config.data.validation_fraction = 0.1  # ~4 of the 42 works held out
   config.data.tokenizer.kind = "sentencepiece"
-  config.data.tokenizer.vocab_size = 2048
+  config.data.tokenizer.vocab_size = 8192
   config.data.seq_len = 128
   config.data.batch_size = 16
   config.diffusion.canvas_len = 32
@@ -54,4 +63,5 @@ def get_config():
   config.sample.num_samples = 4
   config.sample.max_new_tokens = 64
   config.sample.max_denoising_steps = 16
+  config.sample.sampler = "ancestral"
   return config

@@ -63,6 +63,7 @@ def test_report_writes_png_and_index(trained_workdir, tmp_path):
   assert "dgemma run report" in (out / "index.html").read_text()
 
 
+@pytest.mark.slow  # two generate compiles and a report (kept out of the fast tier's budget)
 def test_report_shows_sample_quality_beside_held_out_text(tiny_run, tmp_path):
   # what `make demo` does: eval.samples writes WORKDIR/sample_quality.json, the report shows it
   import copy

@@ -23,6 +23,8 @@ def get_config():
   config.metric = "samples"
   config.out_dir = "ablations/steps_quality"
   config.overrides = (
+      ("sample.sampler", "released"),   # the released entropy-bound sampler unless a setting says otherwise
+                                        # (the demo itself samples with 'ancestral')
       ("sample.prompt", ""),            # unconditional: BOS only
       ("sample.max_new_tokens", 64),    # two canvases of 32
       ("eval.num_samples", 16),

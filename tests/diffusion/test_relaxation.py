@@ -156,6 +156,7 @@ def _loss_and_grads(loss_cfg, step, params, model_cfg):
   return float(value), to_f64(grads)
 
 
+@pytest.mark.slow  # two float64 compiles of the loss and its gradient (kept out of the fast tier's budget)
 def test_after_the_curriculum_the_loss_is_the_discrete_one():
   # From step curriculum_steps on, the noise is the discrete draw and the decoder reads one-hot rows:
   # probs @ table picks the token's row exactly, so loss and gradients equal the run without a
