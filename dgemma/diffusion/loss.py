@@ -177,20 +177,18 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   alpha_B, dalpha_B = schedules.alpha_and_derivative(loss_cfg.schedule, t_B, loss_cfg.schedule_eps)
   mask_id = loss_cfg.mask_id if objective.masked else None
   V = model_cfg.vocab_size
-  curriculum = bool(loss_cfg.curriculum_steps) and step is not None
-  if curriculum:
-    in_curriculum = jnp.asarray(step) < loss_cfg.curriculum_steps
-    if loss_cfg.curriculum_alpha_range:  # Duo's times: log-SNR uniform on a window (relaxation.py)
-      cur_alpha_B, cur_dalpha_B = relaxation.curriculum_alpha(t_B, loss_cfg, V)
-      alpha_B = jnp.where(in_curriculum, cur_alpha_B, alpha_B)
-      dalpha_B = jnp.where(in_curriculum, cur_dalpha_B, dalpha_B)
   clean_BC = canvas["tokens"].reshape(-1, C)
 
   def discrete_noise(_):
     return corrupt_rows(keys_B3[:, 1], clean_BC, 1.0 - alpha_B, V, mask_id=mask_id)
 
   probs_BCV = None
-  if curriculum:  # Duo's curriculum (dgemma/diffusion/relaxation.py)
+  if loss_cfg.curriculum_steps and step is not None:  # Duo's curriculum (dgemma/diffusion/relaxation.py)
+    in_curriculum = jnp.asarray(step) < loss_cfg.curriculum_steps
+    if loss_cfg.curriculum_alpha_range:  # Duo's times: log-SNR uniform on a window
+      cur_alpha_B, cur_dalpha_B = relaxation.curriculum_alpha(t_B, loss_cfg, V)
+      alpha_B = jnp.where(in_curriculum, cur_alpha_B, alpha_B)
+      dalpha_B = jnp.where(in_curriculum, cur_dalpha_B, dalpha_B)
     tau = relaxation.curriculum_tau(step, loss_cfg)
 
     def relaxed_noise(_):

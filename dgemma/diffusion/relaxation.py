@@ -86,9 +86,11 @@ def snr_of_alpha(alpha, vocab_size: int) -> jax.Array:
 
 @functools.lru_cache(maxsize=8)
 def alpha_table(vocab_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(r, alpha(r), d alpha / d r) on `_SNR_GRID`, float64: what `alpha_of_log_snr` interpolates."""
-  alpha = alpha_of_snr(_SNR_GRID, vocab_size)
-  return _SNR_GRID.copy(), alpha, np.gradient(alpha, _SNR_GRID)
+  """(r, alpha(r), d alpha / d r) on `_SNR_GRID`, float64: what `alpha_of_log_snr` interpolates (from
+  `snr_table`'s quadrature: alpha = 1 - exp(-surprisal))."""
+  surprisal, snr = snr_table(vocab_size)
+  alpha = -np.expm1(-surprisal)
+  return snr, alpha, np.gradient(alpha, snr)
 
 
 def alpha_of_log_snr(gamma, vocab_size: int) -> tuple[jax.Array, jax.Array]:
