@@ -82,6 +82,18 @@ def get_config() -> ml_collections.ConfigDict:
                                          # log-SNR uniform between those levels (Duo on GPT-2: about (0.04, 0.93));
                                          # () = the schedule's alpha(t)
 
+  # Discrete consistency distillation (Duo; dgemma/diffusion/distill.py): train a few-step student from the
+  # trained run in train.init_from (configs/distill_dcd.py). Each round of round_steps steps freezes a copy of
+  # the student as the teacher and trains the student to match, from z_t, the teacher's prediction at
+  # s = t - dt on the same Gaussian trajectory; dt doubles per round from 1/teacher_steps to 1/student_steps.
+  config.distill = ml_collections.ConfigDict()
+  config.distill.method = "none"         # 'none' | 'dcd'
+  config.distill.teacher_steps = 64      # round 0's dt = 1 / teacher_steps
+  config.distill.student_steps = 4       # the last rounds' dt = 1 / student_steps (teacher_steps / student_steps
+                                         # must be a power of 2: log2 of it + 1 rounds)
+  config.distill.round_steps = 100       # training steps per round (the teacher is refreshed at each start)
+  config.distill.divergence = "kl_fwd"   # 'kl_fwd' KL(teacher || student) | 'kl_bwd' KL(student || teacher)
+
   # SFT data and block-causal multi-canvas training (dgemma/data/sft.py; dgemma/diffusion/loss.py docstring).
   config.data.format = "text"            # 'text' (packed documents) | 'sft' (.jsonl prompt/response or chat)
   config.data.prompt_field = "prompt"    # format='sft': .jsonl field of the prompt ...
@@ -115,7 +127,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.keep_checkpoints = 3
   config.train.async_checkpointing = True
   config.train.progress_bar = True
-  config.train.init_from = ""            # params checkpoint (python -m dgemma.tools.convert --to ...) to start from
+  config.train.init_from = ""            # params checkpoint (python -m dgemma.tools.convert --to ...) or training
+                                         # workdir (its latest step) to start from; params only
   config.train.nonfinite = "halt"        # a non-finite loss, gradient norm or state: 'halt' (error naming the step;
                                          # nothing non-finite is saved) | 'skip' (drop that update, count it in
                                          # the metrics as nonfinite_skips, halt after max_nonfinite_skips in a row)
@@ -222,6 +235,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.real_words = ""            # samples: real_word_rate against the words (lowercased letter runs)
                                          # of 'train' (the run's training split; data.source 'shakespeare' /
                                          # 'files') or of a .txt file ('' = not reported)
+  config.eval.truth = ""                 # samples: a Markov source's truth.json (python -m dgemma.tools.markov_text):
+                                         # the samples' exact bits per byte under the source ('' = not reported)
   config.eval.samples_out = ""           # samples: write every sample as JSONL here ('' = do not)
   config.eval.out = ""                   # likelihood / samples: write the summary JSON here ('' = print only)
   config.eval.seed = 0                   # noise for the likelihood's t and z_t draws

@@ -35,7 +35,7 @@ from configs import base
 from dgemma import finetune as finetune_lib
 from dgemma import quant, tokenizers
 from dgemma.data import sources
-from dgemma.diffusion import objectives, schedules
+from dgemma.diffusion import distill as distill_lib, objectives, schedules
 from dgemma.errors import ConfigError
 from dgemma.model.config import ModelConfig
 from dgemma.model.sharding import MESH_AXES
@@ -199,6 +199,16 @@ class DiffusionSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistillSettings:
+  """`config.distill`: consistency distillation into a few-step student (dgemma.diffusion.distill reads it)."""
+  method: str = "none"
+  teacher_steps: int = 64
+  student_steps: int = 4
+  round_steps: int = 100
+  divergence: str = "kl_fwd"
+
+
+@dataclasses.dataclass(frozen=True)
 class OptimizerSettings:
   """`config.opt`: AdamW with warmup + cosine decay and global-norm clipping (dgemma.train.optimizer)."""
   lr: float = 3e-4
@@ -277,6 +287,7 @@ class EvalSettings:
   reference: str
   ar_temperature: float
   real_words: str
+  truth: str
   samples_out: str
   out: str
   seed: int
@@ -301,6 +312,7 @@ class Settings:
   diffusion: DiffusionSettings
   opt: OptimizerSettings
   train: TrainSettings
+  distill: DistillSettings
   finetune: FinetuneSettings
   sample: SampleSettings
   eval: EvalSettings
@@ -443,6 +455,20 @@ def _train(t) -> TrainSettings:
       on_corrupt_checkpoint=_choice("train.on_corrupt_checkpoint", t.on_corrupt_checkpoint, ON_CORRUPT))
 
 
+def _distill(d) -> DistillSettings:
+  out = DistillSettings(
+      method=_choice("distill.method", d.method, distill_lib.METHODS),
+      teacher_steps=_int("distill.teacher_steps", d.teacher_steps, 1),
+      student_steps=_int("distill.student_steps", d.student_steps, 1),
+      round_steps=_int("distill.round_steps", d.round_steps, 1),
+      divergence=_choice("distill.divergence", d.divergence, tuple(distill_lib.DIVERGENCES)))
+  ratio = out.teacher_steps / out.student_steps
+  _need(out.teacher_steps % out.student_steps == 0 and ratio >= 1 and math.log2(ratio).is_integer(),
+        "distill.teacher_steps", f"teacher_steps / student_steps must be a power of 2 (dt doubles each round), got "
+        f"{out.teacher_steps} / {out.student_steps}")
+  return out
+
+
 def _finetune(f) -> FinetuneSettings:
   out = FinetuneSettings(mode=f.mode, lora_rank=f.lora_rank, lora_alpha=f.lora_alpha,
                          lora_targets=_tuple(f.lora_targets), freeze_router=f.freeze_router,
@@ -537,7 +563,7 @@ def _eval(e) -> EvalSettings:
       batch_size=_int("eval.batch_size", e.batch_size, 1), num_samples=_int("eval.num_samples", e.num_samples, 1),
       prompts=_str("eval.prompts", e.prompts), reference=_str("eval.reference", e.reference),
       ar_temperature=_float("eval.ar_temperature", e.ar_temperature, 0.0),
-      real_words=_str("eval.real_words", e.real_words),
+      real_words=_str("eval.real_words", e.real_words), truth=_str("eval.truth", e.truth),
       samples_out=_str("eval.samples_out", e.samples_out), out=_str("eval.out", e.out),
       seed=_int("eval.seed", e.seed))
 
@@ -578,6 +604,12 @@ def _cross_checks(st: Settings) -> None:
         f"{st.opt.warmup_steps} warmup steps exceed train.num_steps={st.train.num_steps}")
   _need(st.sample.sampler.max_context > diff.canvas_len, "sample.max_context",
         f"must exceed diffusion.canvas_len={diff.canvas_len}, got {st.sample.sampler.max_context}")
+  if distill_lib.enabled(st.distill):
+    _need(bool(st.train.init_from), "train.init_from", "distill.method='dcd' distils a trained run: name it here "
+          "(a training workdir or params checkpoint; configs/distill_dcd.py:TEACHER sets it)")
+    _need(st.objective.corruption == objectives.UNIFORM and not st.objective.autoregressive, "distill.method",
+          f"consistency distillation runs on the Gaussian relaxation of uniform-state diffusion; "
+          f"diffusion.objective={st.objective.name!r} is not uniform-state")
   expert_axis = st.mesh.size("expert")
   if model.moe_impl == "expert_parallel" and model.num_experts and expert_axis > 0:
     _need(model.num_experts % expert_axis == 0, "model.num_experts",
@@ -601,7 +633,8 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   diffusion = _diffusion(config.diffusion, data.seq_len)
   settings = Settings(
       seed=_int("seed", config.seed), model=model, data=data, diffusion=diffusion,
-      opt=_opt(config.opt, data.batch_size), train=_train(config.train), finetune=finetune,
+      opt=_opt(config.opt, data.batch_size), train=_train(config.train), distill=_distill(config.distill),
+      finetune=finetune,
       sample=_sample(config.sample, diffusion, data, model.vocab_size), eval=_eval(config.eval),
       mesh=_mesh(config.mesh), config_json=to_json(config))
   _cross_checks(settings)
@@ -673,7 +706,7 @@ def architecture_differences(saved: ml_collections.ConfigDict, new: ml_collectio
   (not its compute choices), the fine-tuning layout (which parameters and optimizer states exist), the
   optimizer state dtype and the tokenizer. Each entry reads 'key: saved -> new'."""
   diffs = model_differences(ModelConfig.from_config_dict(saved.model), ModelConfig.from_config_dict(new.model))
-  for dotted in ("finetune.mode", "finetune.lora_rank", "finetune.lora_targets", "finetune.freeze_router",
+  for dotted in ("distill.method", "finetune.mode", "finetune.lora_rank", "finetune.lora_targets", "finetune.freeze_router",
                  "opt.state_dtype", "data.tokenizer.kind", "data.tokenizer.vocab_size", "data.tokenizer.path"):
     group, *rest = dotted.split(".")
     a, b = saved[group], new[group]

@@ -109,7 +109,7 @@ def main(argv):
     texts = texts[:_FLAGS['max_documents'].value]
   truth_bpb = None
   if _FLAGS['truth'].value:
-    truth_bpb = markov.chain_of_truth(json.loads(Path(_FLAGS['truth'].value).read_text())).bits_per_byte(texts)
+    truth_bpb = markov.read_chain(_FLAGS['truth'].value).bits_per_byte(texts)
   out_dir = Path(_FLAGS['out_dir'].value)
   rows = curve(runs, texts, truth_bpb)
   files.write_json_atomic(out_dir / "curve.json", {"data": _FLAGS['data'].value, "documents": len(texts),

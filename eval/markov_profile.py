@@ -137,7 +137,7 @@ def plot(rows: list[dict], out_png: Path, title: str) -> None:
 def main(argv):
   cli.no_extra_args(argv)
   builder_lib.check_files([_FLAGS['data'].value])
-  chain = markov.chain_of_truth(json.loads(Path(_FLAGS['truth'].value).read_text()))
+  chain = markov.read_chain(_FLAGS['truth'].value)
   texts = list(builder_lib.iter_file_documents(_FLAGS['data'].value, "line", "text", "strict"))
   texts = texts[:_FLAGS['max_documents'].value]
   model = dgemma.load(_FLAGS['checkpoint'].value)

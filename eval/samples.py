@@ -19,6 +19,8 @@ reference, samples_out, out) in configs/base.py; flags of the same name override
                      file); real_word_rate_heldout: the same count on the run's validation split, the
                      yardstick ('train' with a validation split only), and unigram_entropy_heldout: the
                      unigram entropy of consecutive held-out pieces as long as the samples' mean length
+  truth_bits_per_byte  with eval.truth (a Markov source's truth.json): the samples' exact bits per byte under
+                     the source, beside its entropy rate truth_entropy_rate_bits (dgemma.data.markov.sample_scores)
   decoder_passes     mean forward passes per sample (AR: one per token); passes_per_canvas; tokens_per_forward
   wall_s, tokens_per_s  one generate call, compiled beforehand (compile + first call: first_call_s)
 
@@ -44,6 +46,7 @@ import numpy as np
 import dgemma
 from dgemma import api, checkpoints, files
 from dgemma.data import builder as data_builder
+from dgemma.data import markov
 from dgemma.data import pipeline
 from dgemma.diffusion.likelihood import causal_nll
 from dgemma.errors import ConfigError
@@ -232,6 +235,8 @@ def sample_metrics(model: dgemma.Model, reference: Optional[dgemma.Model] = None
       summary["real_word_rate_heldout"] = real_word_rate(heldout, vocabulary)
       window = max(1, int(round(summary["mean_length"])))
       summary["unigram_entropy_heldout"] = heldout_unigram_entropy(heldout, model.tokenizer, window)
+  if st.eval.truth:
+    summary.update(markov.sample_scores(markov.read_chain(st.eval.truth, "eval.truth"), [r.text for r in results]))
   nll_B = None
   if ref is not None:
     nll_B = reference_nll(ref, ids, [r.token_ids for r in results])
@@ -265,6 +270,8 @@ def run(checkpoint: str, config: Optional[ml_collections.ConfigDict], *, step: i
   if settings.eval.reference:
     checkpoints.kind(settings.eval.reference, "eval.reference (--reference)")
   check_real_words(settings)
+  if settings.eval.truth:
+    markov.read_chain(settings.eval.truth, "eval.truth (--truth)")
   model = dgemma.load(checkpoint, step=step, config=config)
   summary, records = sample_metrics(model)
   text = json.dumps(summary, indent=2)
@@ -286,6 +293,7 @@ if __name__ == "__main__":
       prompts=("string", "eval.prompts: a .txt/.jsonl prompts file."),
       reference=("string", "eval.reference: AR checkpoint for generative perplexity."),
       real_words=("string", "eval.real_words: 'train' or a .txt corpus for real_word_rate."),
+      truth=("string", "eval.truth: a Markov source's truth.json: the samples' bits per byte under it."),
       samples_out=("string", "eval.samples_out: JSONL of the samples."),
       out=("string", "eval.out: write the summary JSON here."))
   cli_flags.main(main, "eval.samples")

@@ -24,6 +24,7 @@ Exact quantities (float64):
 from __future__ import annotations
 
 import dataclasses
+import json
 import functools
 import math
 import string
@@ -156,6 +157,29 @@ def chain_of_truth(truth: dict) -> MarkovChain:
     raise ConfigError(f"markov truth record: missing {missing} (written by python -m dgemma.tools.markov_text)")
   return MarkovChain.random(alphabet=truth["alphabet"], order=int(truth["order"]),
                             concentration=float(truth["concentration"]), seed=_stream_seed(int(truth["seed"]), 0))
+
+
+def read_chain(path: str, field: str = "--truth") -> MarkovChain:
+  """The chain of a truth.json file (python -m dgemma.tools.markov_text); a missing file is an error naming
+  `field`."""
+  p = Path(path)
+  if not p.is_file():
+    raise FileNotFoundError(f"{field}: {path} is not a file (the truth.json of python -m dgemma.tools.markov_text)")
+  return chain_of_truth(json.loads(p.read_text()))
+
+
+def sample_scores(chain: MarkovChain, texts: list[str]) -> dict[str, float]:
+  """How a model's samples of this source score under the source itself: truth_bits_per_byte (the exact
+  bits per byte of the samples together, i.e. their cross-entropy under the truth: above the entropy rate
+  = errors, below = mode-seeking), truth_entropy_rate_bits (the yardstick), truth_scored_fraction (samples
+  wholly in the alphabet and at least `order` long, the ones scored; the rest hold bytes the source never
+  emits)."""
+  alphabet = set(chain.alphabet)
+  scored = [t for t in texts if len(t) >= chain.order and set(t) <= alphabet]
+  out = {"truth_entropy_rate_bits": chain.entropy_rate() / math.log(2.0),
+         "truth_scored_fraction": len(scored) / max(len(texts), 1)}
+  out["truth_bits_per_byte"] = chain.bits_per_byte(scored) if scored else math.nan
+  return out
 
 
 def write_splits(out_dir: str, *, num_train: int, num_valid: int, length: int, order: int, concentration: float,

@@ -131,6 +131,46 @@ def sum_sown_router_losses(intermediates: Any) -> dict[str, jax.Array]:
   return flat
 
 
+def canvas_keys(rng_examples: jax.Array, example_ids_B: jax.Array, num_canvases: int) -> tuple[jax.Array, jax.Array]:
+  """(per-canvas ids [B*K], per-canvas keys [B*K, 3]: time, corruption, self-conditioning). Canvas k of row b
+  draws its noise as example b * K + k would (module docstring); K = 1: the row's own id."""
+  K = num_canvases
+  ids = (example_ids_B[:, None] * K + jnp.arange(K, dtype=jnp.int32)[None, :]).reshape(-1)
+  return ids, jax.vmap(lambda i: jax.random.split(jax.random.fold_in(rng_examples, i), 3))(ids)
+
+
+def denoise(apply, ctx: dict, canvas: dict, noisy_BC: jax.Array, sc_keys_B: jax.Array, *, model_cfg: ModelConfig,
+            loss_cfg, probs_BCV: jax.Array | None = None, want_enc_logits: bool = False):
+  """The training forward pass: the encoder over the clean context `ctx` fills the KV cache (and gives
+  next-token logits when `want_enc_logits`), then the decoder reads the noisy canvases `noisy_BC` [B, K*C]
+  (or their soft rows `probs_BCV`). Returns (canvas logits, encoder logits or None, (encoder vars, scored
+  decoder pass vars)).
+
+  Self-conditioning training: a first decoder pass without it; its logits (no gradient) feed the scored
+  second pass for each canvas with probability self_cond_prob (drawn from `sc_keys_B`, one key per canvas;
+  zeros otherwise). The first pass's router losses carry no gradient and are not returned."""
+  batch_size, ctx_len = ctx["tokens"].shape
+  K = loss_cfg.canvases_per_row
+  cache = init_cache(model_cfg, batch_size, ctx_len, dtype=jnp.dtype(model_cfg.dtype))
+  (enc_logits_BTV, cache), enc_vars = apply(ctx["tokens"], ctx["positions"], ctx["segment_ids"], cache,
+                                            return_logits=want_enc_logits, method=Transformer.encode)
+
+  def decode(sc_logits_BCV, sc_mask_B):
+    return apply(noisy_BC, canvas["positions"], canvas["segment_ids"], cache, sc_logits_BCV=sc_logits_BCV,
+                 sc_mask_B=sc_mask_B, num_canvases=K, canvas_probs_BCV=probs_BCV, method=Transformer.decode)
+
+  if model_cfg.self_conditioning and loss_cfg.self_cond_prob > 0:
+    first_BCV, _ = decode(None, None)
+    first_BCV = jax.lax.stop_gradient(first_BCV)
+    sc_mask_B = jax.vmap(lambda k: jax.random.uniform(k, ()))(sc_keys_B) < loss_cfg.self_cond_prob
+    if K > 1:  # per canvas -> per token of the row
+      sc_mask_B = jnp.repeat(sc_mask_B.reshape(batch_size, K), noisy_BC.shape[1] // K, axis=1)
+    logits_BCV, dec_vars = decode(first_BCV, sc_mask_B)
+  else:
+    logits_BCV, dec_vars = decode(None, None)
+  return logits_BCV, enc_logits_BTV, (enc_vars, dec_vars)
+
+
 def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, model_cfg: ModelConfig,
                    loss_cfg, example_ids_B: jax.Array | None = None,
                    totals: dict[str, jax.Array] | None = None,
@@ -156,8 +196,6 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
     totals = batch_totals(batch, loss_cfg)
   router_scale = batch_size / totals["examples"]
   rng_examples, rng_batch = jax.random.split(rng)
-  keys_B = jax.vmap(lambda i: jax.random.fold_in(rng_examples, i))(example_ids_B)
-  keys_B3 = jax.vmap(lambda k: jax.random.split(k, 3))(keys_B)
   apply = lambda *a, **k: model.apply({"params": params}, *a, mutable=["intermediates"], **k)
   metrics: dict[str, jax.Array] = {}
 
@@ -169,10 +207,7 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   K, C = loss_cfg.canvases_per_row, loss_cfg.canvas_len
   ctx, _ = split_context_canvas(batch, C)
   _, canvas = split_context_canvas(batch, K * C)
-  ctx_len = ctx["tokens"].shape[1]
-  if K > 1:  # canvas k of row b draws its noise as example b * K + k would (module docstring)
-    example_ids_B = (example_ids_B[:, None] * K + jnp.arange(K, dtype=jnp.int32)[None, :]).reshape(-1)
-    keys_B3 = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(rng_examples, i), 3))(example_ids_B)
+  example_ids_B, keys_B3 = canvas_keys(rng_examples, example_ids_B, K)
   t_B = sample_times(keys_B3[:, 0], example_ids_B, rng_batch, totals["examples"] * K, loss_cfg)
   alpha_B, dalpha_B = schedules.alpha_and_derivative(loss_cfg.schedule, t_B, loss_cfg.schedule_eps)
   mask_id = loss_cfg.mask_id if objective.masked else None
@@ -213,28 +248,10 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
       probs_BCV = jnp.where(held_BC[..., None], jax.nn.one_hot(canvas["tokens"], V, dtype=jnp.float32), probs_BCV)
   per_token = lambda x_B: jnp.repeat(x_B.reshape(batch_size, K), C, axis=1)  # per canvas -> [B, K*C]
 
-  # Encoder: causal pass over the clean context fills the KV cache (and gives next-token logits).
-  cache = init_cache(model_cfg, batch_size, ctx_len, dtype=jnp.dtype(model_cfg.dtype))
   want_enc_logits = loss_cfg.encoder_loss_weight > 0
-  (enc_logits_BTV, cache), enc_vars = apply(ctx["tokens"], ctx["positions"], ctx["segment_ids"], cache,
-                                            return_logits=want_enc_logits, method=Transformer.encode)
-
-  def decode(sc_logits_BCV, sc_mask_B):
-    return apply(noisy_BC, canvas["positions"], canvas["segment_ids"], cache, sc_logits_BCV=sc_logits_BCV,
-                 sc_mask_B=sc_mask_B, num_canvases=K, canvas_probs_BCV=probs_BCV, method=Transformer.decode)
-
-  # Self-conditioning training: a first pass without it; its logits (no gradient) feed the scored
-  # second pass for each example with probability self_cond_prob (zeros otherwise). The first pass's
-  # router losses carry no gradient and are not added.
-  if model_cfg.self_conditioning and loss_cfg.self_cond_prob > 0:
-    first_BCV, _ = decode(None, None)
-    first_BCV = jax.lax.stop_gradient(first_BCV)
-    sc_mask_B = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys_B3[:, 2]) < loss_cfg.self_cond_prob
-    if K > 1:
-      sc_mask_B = per_token(sc_mask_B)  # per canvas
-    logits_BCV, dec_vars = decode(first_BCV, sc_mask_B)
-  else:
-    logits_BCV, dec_vars = decode(None, None)
+  logits_BCV, enc_logits_BTV, (enc_vars, dec_vars) = denoise(
+      apply, ctx, canvas, noisy_BC, keys_B3[:, 2], model_cfg=model_cfg, loss_cfg=loss_cfg, probs_BCV=probs_BCV,
+      want_enc_logits=want_enc_logits)
 
   # Canvas objective (dgemma/diffusion/objectives.py), per token, at each example's (alpha, alpha').
   targets_BC = canvas["tokens"]
@@ -255,17 +272,22 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
     metrics["canvas_nelbo"] = jnp.sum(nelbo_BC * canvas_w_BC) / n_canvas
   loss = canvas_loss
   if want_enc_logits:
-    w_BT = next_token_weights(ctx["segment_ids"], target_mask(ctx))
-    enc_sum, _, _ = masked_cross_entropy(enc_logits_BTV[:, :-1], ctx["tokens"][:, 1:], w_BT)
-    encoder_loss = enc_sum / jnp.maximum(totals["encoder_tokens"], 1.0)
+    encoder_loss = encoder_next_token_loss(enc_logits_BTV, ctx, totals)
     metrics["encoder_loss"] = encoder_loss
     loss = loss + loss_cfg.encoder_loss_weight * encoder_loss
-  loss = loss + _add_router_losses(metrics, [enc_vars, dec_vars], model_cfg, router_scale)
+  loss = loss + add_router_losses(metrics, [enc_vars, dec_vars], model_cfg, router_scale)
   metrics["loss"] = loss
   return loss, metrics
 
 
-def _add_router_losses(metrics: dict, variables: list, model_cfg: ModelConfig, scale: jax.Array) -> jax.Array:
+def encoder_next_token_loss(enc_logits_BTV: jax.Array, ctx: dict, totals: dict[str, jax.Array]) -> jax.Array:
+  """The encoder's next-token CE over the clean context, divided by the whole batch's target count."""
+  w_BT = next_token_weights(ctx["segment_ids"], target_mask(ctx))
+  enc_sum, _, _ = masked_cross_entropy(enc_logits_BTV[:, :-1], ctx["tokens"][:, 1:], w_BT)
+  return enc_sum / jnp.maximum(totals["encoder_tokens"], 1.0)
+
+
+def add_router_losses(metrics: dict, variables: list, model_cfg: ModelConfig, scale: jax.Array) -> jax.Array:
   """MoE aux losses sown by the scored passes (transformer.py docstring); reported and returned."""
   if not (model_cfg.num_experts and (model_cfg.router_aux_loss_weight or model_cfg.router_z_loss_weight)):
     return jnp.zeros((), jnp.float32)
@@ -300,6 +322,6 @@ def _ar_loss(apply, batch, model_cfg: ModelConfig, loss_cfg, totals, router_scal
              "canvas_tokens": jnp.sum(canvas_w_BC)}
   if eval_metrics:
     metrics["canvas_nelbo"] = canvas_nll
-  loss = encoder_loss + _add_router_losses(metrics, [enc_vars], model_cfg, router_scale)
+  loss = encoder_loss + add_router_losses(metrics, [enc_vars], model_cfg, router_scale)
   metrics["loss"] = loss
   return loss, metrics

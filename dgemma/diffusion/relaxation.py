@@ -131,6 +131,27 @@ def relaxed_rows(keys_B: jax.Array, tokens_BC: jax.Array, alpha_B: jax.Array, vo
   return jax.vmap(row)(keys_B, tokens_BC, snr_B * norm_B, norm_B)
 
 
+def coupled_rows(keys_B: jax.Array, tokens_BC: jax.Array, alpha_t_B: jax.Array, alpha_s_B: jax.Array,
+                 vocab_size: int) -> tuple[jax.Array, jax.Array]:
+  """Two uniform-state latents of clean rows on one Gaussian trajectory: (z_t, z_s) = (argmax(r_t e_x + eps),
+  argmax(r_s e_x + eps)) with ONE eps per token, r = snr_of_alpha(alpha).
+
+  Duo's deterministic trajectories for consistency distillation (dgemma/diffusion/distill.py): the discrete
+  process has no probability-flow ODE, the Gaussian one does, and its DDIM path through the clean x keeps eps
+  fixed. Each of z_t, z_s has exactly the marginal of `corrupt_rows` at its alpha; with alpha_s >= alpha_t
+  only x's score grows from t to s, so z_t = x implies z_s = x (the pair never moves away from the data).
+  argmax(a e_x + s eps) = argmax(r e_x + eps) for s > 0, so the variance-preserving scale drops out.
+  """
+  snr_t_B, snr_s_B = snr_of_alpha(alpha_t_B, vocab_size), snr_of_alpha(alpha_s_B, vocab_size)
+
+  def row(key, tokens_C, r_t, r_s):
+    eps_CV = jax.random.normal(key, (*tokens_C.shape, vocab_size), jnp.float32)
+    onehot_CV = jax.nn.one_hot(tokens_C, vocab_size, dtype=jnp.float32)
+    z = lambda r: jnp.argmax(r * onehot_CV + eps_CV, axis=-1).astype(tokens_C.dtype)
+    return z(r_t), z(r_s)
+  return jax.vmap(row)(keys_B, tokens_BC, snr_t_B, snr_s_B)
+
+
 def curriculum_tau(step: jax.Array, loss_cfg) -> jax.Array:
   """The relaxation temperature at training step `step`: geometric from curriculum_tau_start (step 0) to
   curriculum_tau_end (the last curriculum step), fp32; meaningful only while step < curriculum_steps."""

@@ -40,6 +40,7 @@ from dgemma import settings as settings_lib
 from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.checkpoints.orbax_logs import quiet_orbax
+from dgemma.diffusion import distill as distill_lib
 from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged
 from dgemma.train import evaluate, metrics as metrics_lib, optimizer as optimizer_lib, state as state_lib, step as step_lib
 
@@ -138,6 +139,9 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   optimizer = optimizer_lib.make_optimizer(settings.opt, num_steps, settings.finetune)
   init_fn, abstract_state, state_shardings = state_lib.abstract_train_state(
       model_cfg, mesh, settings.mesh.axis_rules, optimizer)
+  distilling = distill_lib.enabled(settings.distill)
+  if distilling:  # the round's teacher is part of the state (dgemma/diffusion/distill.py)
+    abstract_state, state_shardings = state_lib.with_teacher(abstract_state), state_lib.with_teacher(state_shardings)
   data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
 
   manager = workdir_ckpt.make_manager(workdir_path, keep=train_cfg.keep_checkpoints,
@@ -156,6 +160,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   else:
     state, _ = state_lib.create_train_state(model_cfg, mesh, settings.mesh.axis_rules, optimizer,
                                             jax.random.PRNGKey(settings.seed))
+  if distilling and restored_step is None:  # round 0's teacher: the run the student starts from
+    state = state_lib.with_teacher(state, state_lib.copy_params(state.params, state_shardings.params))
   if jax.process_index() == 0:  # only now: a failed restore leaves the saved config as it was
     workdir_ckpt.write_config_json(workdir_path, settings.config_json)
   writer = metrics_lib.MetricWriter(workdir_path)
@@ -166,7 +172,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   skip_nonfinite = train_cfg.nonfinite == "skip"
   train_step = jax.jit(step_lib.make_train_step(model_cfg, settings.diffusion, optimizer, schedule,
                                                 grad_accum_steps=settings.opt.grad_accum_steps,
-                                                finetune_cfg=settings.finetune, skip_nonfinite=skip_nonfinite),
+                                                finetune_cfg=settings.finetune, skip_nonfinite=skip_nonfinite,
+                                                distill_cfg=settings.distill),
                        in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
                        donate_argnums=(0,))
   eval_step = jax.jit(step_lib.make_eval_step(model_cfg, settings.diffusion),

@@ -18,7 +18,8 @@ from jax.sharding import Mesh
 
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import params as params_ckpt
-from dgemma.errors import ConfigError
+from dgemma.checkpoints import workdir as workdir_ckpt
+from dgemma.errors import CheckpointError, ConfigError
 from dgemma.model import ModelConfig, Transformer
 from dgemma.model import lora
 from dgemma.model.sharding import place, unbox
@@ -28,6 +29,26 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
+
+
+@flax.struct.dataclass
+class DistillState(TrainState):
+  """The state of a consistency-distillation run (distill.method='dcd', dgemma/diffusion/distill.py): the
+  student's TrainState plus the frozen teacher of the current round, checkpointed with it so that a resumed
+  run distils from exactly the teacher it had."""
+  teacher_params: Any = None
+
+
+def with_teacher(state: TrainState, teacher_params: Any = None) -> DistillState:
+  """`state` as a DistillState whose teacher is `teacher_params` (default: `state.params` itself: for
+  abstract states and sharding trees; a concrete state needs a copy, `copy_params`)."""
+  return DistillState(step=state.step, params=state.params, opt_state=state.opt_state,
+                      teacher_params=state.params if teacher_params is None else teacher_params)
+
+
+def copy_params(params: Any, shardings: Any) -> Any:
+  """New buffers holding `params` on `shardings` (the train step donates its state: no buffer twice)."""
+  return jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings)(params)
 
 
 def abstract_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer) -> tuple[Callable, Any, Any]:
@@ -65,13 +86,19 @@ def create_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer
 
 
 def check_init_from(path: str, model_cfg: ModelConfig) -> None:
-  """train.init_from names a dgemma params checkpoint whose architecture equals the run's."""
+  """train.init_from names a dgemma params checkpoint, or a training workdir with a finished step, whose
+  architecture equals the run's."""
   path = Path(path)
-  if not (path / params_ckpt.MODEL_CONFIG).exists():
-    raise FileNotFoundError(f"train.init_from: {path} is not a dgemma params checkpoint (no "
-                            f"{params_ckpt.MODEL_CONFIG}; make one with python -m dgemma.tools.convert --from_hf DIR "
-                            f"--to {path})")
-  saved = ModelConfig.from_config_dict(json.loads((path / params_ckpt.MODEL_CONFIG).read_text()))
+  if workdir_ckpt.is_workdir(path):
+    if not workdir_ckpt.steps(path):
+      raise CheckpointError(f"train.init_from: the workdir {path} holds no finished checkpoint")
+    saved = ModelConfig.from_config_dict(settings_lib.from_json(workdir_ckpt.read_config_json(path)).model)
+  elif (path / params_ckpt.MODEL_CONFIG).exists():
+    saved = ModelConfig.from_config_dict(json.loads((path / params_ckpt.MODEL_CONFIG).read_text()))
+  else:
+    raise FileNotFoundError(f"train.init_from: {path} is neither a training workdir (config.json + checkpoints/) "
+                            f"nor a dgemma params checkpoint (no {params_ckpt.MODEL_CONFIG}; make one with "
+                            f"python -m dgemma.tools.convert --from_hf DIR --to {path})")
   diffs = settings_lib.model_differences(saved, model_cfg)
   if diffs:
     raise ConfigError(f"train.init_from: the run's architecture differs from the checkpoint {path} "
@@ -81,12 +108,17 @@ def check_init_from(path: str, model_cfg: ModelConfig) -> None:
 def state_from_params_checkpoint(path: str, optimizer, abstract_state, shardings, init_fn=None,
                                  rng=None) -> TrainState:
   """Step-0 state from converted / exported params (e.g. an imported Gemma 4 AR model, for AR ->
-  diffusion adaptation) and a fresh optimizer state; params cast to model.param_dtype.
+  diffusion adaptation) or a training workdir's latest params, and a fresh optimizer state; params cast to
+  model.param_dtype.
 
   LoRA adapters (finetune.mode lora / head_only) that the checkpoint lacks start from `init_fn(rng)`
   (B = 0: the run starts exactly at the checkpoint's model); every other tensor must be there."""
-  params_np, _ = params_ckpt.load_params(path)
   expected = abstract_state.params
+  if workdir_ckpt.is_workdir(path):  # a run's latest params, restored straight onto the shardings
+    params = workdir_ckpt.restore_params(path, workdir_ckpt.steps(path)[-1], expected)
+    opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+  params_np, _ = params_ckpt.load_params(path)
   got_paths = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(params_np)}
   fresh_names = set()
   for p, leaf in jax.tree_util.tree_leaves_with_path(expected):

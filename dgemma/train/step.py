@@ -14,6 +14,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from dgemma import finetune
+from dgemma.diffusion import distill as distill_lib
 from dgemma.diffusion import loss as diffusion_loss_lib
 from dgemma.model import ModelConfig
 from dgemma.train.state import TrainState
@@ -58,8 +59,12 @@ def accumulate_gradients(loss_fn: Callable, params, batch: dict, rng: jax.Array,
 
 
 def make_train_step(model_cfg: ModelConfig, loss_cfg, optimizer, schedule: optax.Schedule,
-                    grad_accum_steps: int = 1, finetune_cfg=None, skip_nonfinite: bool = False):
+                    grad_accum_steps: int = 1, finetune_cfg=None, skip_nonfinite: bool = False, distill_cfg=None):
   """The jittable step (state, batch, base_rng) -> (state, metrics).
+
+  With distill.method='dcd' (`distill_cfg`) the state is a DistillState and the loss is consistency
+  distillation against its teacher, which is refreshed to the student at the first step of each round
+  (dgemma/diffusion/distill.py); otherwise the diffusion loss of `loss_cfg`.
 
   With frozen parameters (`finetune_cfg`, dgemma/finetune.py) gradients are taken only w.r.t. the
   trainable leaves (grad_norm is theirs) and frozen leaves pass through as is.
@@ -67,11 +72,17 @@ def make_train_step(model_cfg: ModelConfig, loss_cfg, optimizer, schedule: optax
   `skip_nonfinite` such an update is dropped (params and optimizer state stay, the step counter moves on:
   train.nonfinite='skip'); otherwise the state is updated regardless and the loop halts on the flag."""
   has_frozen = finetune.has_frozen(finetune_cfg)
+  distilling = distill_lib.enabled(distill_cfg)
 
   def train_step(state: TrainState, batch: dict, base_rng: jax.Array):
     rng = jax.random.fold_in(base_rng, state.step)
-    loss_fn = functools.partial(diffusion_loss_lib.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg,
-                                step=state.step)
+    if distilling:
+      teacher_params = distill_lib.refresh_teacher(state.teacher_params, state.params, state.step, distill_cfg)
+      loss_fn = distill_lib.make_loss_fn(teacher_params, model_cfg=model_cfg, loss_cfg=loss_cfg,
+                                         distill_cfg=distill_cfg, step=state.step)
+    else:
+      loss_fn = functools.partial(diffusion_loss_lib.diffusion_loss, model_cfg=model_cfg, loss_cfg=loss_cfg,
+                                  step=state.step)
     if not has_frozen:
       metrics, grads = accumulate_gradients(loss_fn, state.params, batch, rng, loss_cfg, grad_accum_steps)
       grad_norm = optax.tree.norm(grads)
@@ -94,7 +105,10 @@ def make_train_step(model_cfg: ModelConfig, loss_cfg, optimizer, schedule: optax
                                        (state.params, state.opt_state))
     metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step),
                    nonfinite=1.0 - finite.astype(jnp.float32))
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    if distilling:
+      new_state = new_state.replace(teacher_params=teacher_params)
+    return new_state, metrics
   return train_step
 
 

@@ -96,6 +96,24 @@ def test_write_splits_writes_documents_and_their_exact_bits_per_byte(tmp_path):
   assert truth["entropy_rate_bits_per_char"] == pytest.approx(chain.entropy_rate() / math.log(2), rel=1e-12)
 
 
+def test_samples_are_scored_under_the_source_itself(tmp_path):
+  markov.write_splits(str(tmp_path), num_train=2, num_valid=2, length=50, order=2, concentration=0.1, seed=3)
+  chain = markov.read_chain(str(tmp_path / "truth.json"))
+  docs = chain.sample(200, 400, seed=1)
+  scores = markov.sample_scores(chain, docs + ["a", "a!bc"])  # too short / a byte outside the alphabet
+  assert scores["truth_scored_fraction"] == pytest.approx(200 / 202)
+  want = -sum(chain.log_prob(d) for d in docs) / (200 * 400 * math.log(2))
+  assert scores["truth_bits_per_byte"] == pytest.approx(want, rel=1e-12)
+  # the source's own samples score its entropy rate: 80k symbols put the estimate's standard error near
+  # 0.01 bits (per-symbol surprisal sd ~ 2-3 bits); 0.06 bits is 5 of them
+  assert scores["truth_bits_per_byte"] == pytest.approx(scores["truth_entropy_rate_bits"], abs=0.06)
+  # a sampler that repeats one letter is far from it, here above it (a rare transition repeated)
+  assert markov.sample_scores(chain, ["z" * 400])["truth_bits_per_byte"] != pytest.approx(
+      scores["truth_entropy_rate_bits"], abs=0.5)
+  with pytest.raises(FileNotFoundError, match="eval.truth"):
+    markov.read_chain(str(tmp_path / "missing.json"), "eval.truth")
+
+
 def test_canvas_posteriors_match_enumeration():
   """Forward-backward posteriors p(x_i | z) and p(x_i | z_-i) of a noisy canvas against summing over every
   clean canvas (4^6 of them), float64."""
