@@ -104,6 +104,9 @@ def test_samples_are_scored_under_the_source_itself(tmp_path):
   assert scores["truth_scored_fraction"] == pytest.approx(200 / 202)
   want = -sum(chain.log_prob(d) for d in docs) / (200 * 400 * math.log(2))
   assert scores["truth_bits_per_byte"] == pytest.approx(want, rel=1e-12)
+  # the standard error: equal lengths, so the sd of the per-sample bits per byte over sqrt(n)
+  per_doc = np.asarray([-chain.log_prob(d) / (400 * math.log(2)) for d in docs])
+  assert scores["truth_bits_per_byte_se"] == pytest.approx(per_doc.std(ddof=1) / math.sqrt(200), rel=1e-9)
   # the source's own samples score its entropy rate: 80k symbols put the estimate's standard error near
   # 0.01 bits (per-symbol surprisal sd ~ 2-3 bits); 0.06 bits is 5 of them
   assert scores["truth_bits_per_byte"] == pytest.approx(scores["truth_entropy_rate_bits"], abs=0.06)
