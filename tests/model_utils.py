@@ -33,6 +33,15 @@ def random_params(cfg: ModelConfig, seed: int = 0):
   return jax.tree_util.tree_map_with_path(fill, param_shapes(cfg))
 
 
+def random_rows(vocab_size: int, batch: int, length: int, seed: int = 0) -> dict:
+  """One unpadded packed batch {tokens, segment_ids, positions} of random ids (5 .. vocab_size - 1: no
+  special token), a single document per row."""
+  g = np.random.default_rng(seed)
+  tokens = g.integers(5, vocab_size, (batch, length)).astype(np.int32)
+  return {"tokens": tokens, "segment_ids": np.ones((batch, length), np.int32),
+          "positions": np.tile(np.arange(length, dtype=np.int32), (batch, 1))}
+
+
 def save_random_run(config, workdir):
   """A "trained" run without training: random params (no init program to compile) saved as step 1 of
   `workdir` beside the run's config.json. Returns (model_cfg, train state)."""

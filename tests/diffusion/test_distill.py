@@ -24,7 +24,7 @@ from dgemma.errors import ConfigError
 from dgemma.model import ModelConfig, Transformer
 from dgemma.settings import DiffusionSettings, DistillSettings
 from dgemma.train import loop
-from tests.model_utils import random_params, save_random_run
+from tests.model_utils import random_params, random_rows, save_random_run
 
 
 def test_coupled_rows_have_the_uniform_state_marginals_and_never_move_away_from_the_data():
@@ -113,10 +113,7 @@ B, L, C = 2, 24, 8
 
 
 def _batch():
-  g = np.random.default_rng(0)
-  tokens = g.integers(5, CFG.vocab_size, (B, L)).astype(np.int32)
-  return {"tokens": tokens, "segment_ids": np.ones((B, L), np.int32),
-          "positions": np.tile(np.arange(L, dtype=np.int32), (B, 1))}
+  return random_rows(CFG.vocab_size, B, L)
 
 
 @pytest.mark.slow  # compiles the tiny model's loss three times

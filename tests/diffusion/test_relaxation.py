@@ -17,7 +17,7 @@ from configs.models import tiny
 from dgemma.diffusion import loss, relaxation
 from dgemma.model import ModelConfig
 from dgemma.settings import DiffusionSettings
-from tests.model_utils import f64_config, float64, random_params, to_f64
+from tests.model_utils import f64_config, float64, random_params, random_rows, to_f64
 
 
 def test_transformation_operator_matches_the_closed_form_at_two_tokens():
@@ -143,10 +143,7 @@ B, L, C = 2, 24, 8
 
 
 def _batch():
-  g = np.random.default_rng(0)
-  tokens = g.integers(5, CFG.vocab_size, (B, L)).astype(np.int32)
-  return {"tokens": tokens, "segment_ids": np.ones((B, L), np.int32),
-          "positions": np.tile(np.arange(L, dtype=np.int32), (B, 1))}
+  return random_rows(CFG.vocab_size, B, L)
 
 
 def _loss_and_grads(loss_cfg, step, params, model_cfg):
