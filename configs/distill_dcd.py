@@ -1,8 +1,8 @@
 """Discrete consistency distillation (Duo) of a trained run into a few-step student.
 
   python train.py --config=configs/distill_dcd.py:workdirs/demo --workdir=workdirs/demo_dcd
-  python -m eval.samples --checkpoint=workdirs/demo_dcd --config.sample.max_denoising_steps=4 \
-      --reference=workdirs/demo_ar --real_words=train
+  python -m eval.samples --checkpoint=workdirs/demo_dcd --config=configs/demo.py \
+      --config.sample.max_denoising_steps=4 --reference=workdirs/demo_ar --real_words=train
   # override anything, e.g. an 8-step student with longer rounds:
   python train.py --config=configs/distill_dcd.py:workdirs/demo --workdir=workdirs/demo_dcd8 \
       --config.distill.student_steps=8 --config.distill.round_steps=200 --config.train.num_steps=800
@@ -11,11 +11,13 @@ The argument is the teacher: a training workdir (its latest step). The student s
 its architecture, data, tokenizer and objective (read from its config.json); only the distillation, the
 optimizer and the loop change. Rounds: distill.teacher_steps = 64 to student_steps = 4 is five rounds of
 round_steps each (dgemma/diffusion/distill.py); a checkpoint ends every round, so the round whose dt is
-1 / 8 (step 4 * round_steps) is the 8-step student. Measured (docs/results.md, "Discrete consistency distillation"): on an order-1 Markov source, rounds of 80 steps
-gave no measurable few-step gain and rounds of 400 (--config.distill.teacher_steps=16
+1 / 8 (step 4 * round_steps) is the 8-step student.
+
+Measured (docs/results.md, "Discrete consistency distillation"): on an order-1 Markov source, rounds of 80
+steps gave no measurable few-step gain and rounds of 400 (--config.distill.teacher_steps=16
 --config.distill.round_steps=400 --config.train.num_steps=1200) did; lengthen the rounds for real use.
-Without an argument the file describes the demo
-(so it validates on its own), and training refuses to start until a teacher is named.
+Without an argument the file describes the demo (so it validates on its own), and training refuses to start
+until a teacher is named.
 """
 
 from configs import demo

@@ -169,21 +169,24 @@ def read_chain(path: str, field: str = "--truth") -> MarkovChain:
 
 
 def sample_scores(chain: MarkovChain, texts: list[str]) -> dict[str, float]:
-  """How a model's samples of this source score under the source itself: truth_bits_per_byte (the exact
-  bits per byte of the samples together, i.e. their cross-entropy under the truth: above the entropy rate
-  = errors, below = mode-seeking) and its standard error truth_bits_per_byte_se, truth_entropy_rate_bits (the yardstick), truth_scored_fraction (samples
-  wholly in the alphabet and at least `order` long, the ones scored; the rest hold bytes the source never
-  emits)."""
+  """How a model's samples of this source score under the source itself:
+    truth_bits_per_byte     the exact bits per byte of the samples together, i.e. their cross-entropy under
+                            the truth (above the entropy rate = errors, below = mode-seeking)
+    truth_bits_per_byte_se  its standard error over samples
+    truth_entropy_rate_bits the yardstick
+    truth_scored_fraction   samples wholly in the alphabet and at least `order` long, the ones scored (the rest
+                            hold bytes the source never emits)
+  """
   alphabet = set(chain.alphabet)
   scored = [t for t in texts if len(t) >= chain.order and set(t) <= alphabet]
   out = {"truth_entropy_rate_bits": chain.entropy_rate() / math.log(2.0),
          "truth_scored_fraction": len(scored) / max(len(texts), 1)}
-  out["truth_bits_per_byte"] = chain.bits_per_byte(scored) if scored else math.nan
-  # its standard error over samples (the ratio estimator's: sum of bits / sum of bytes). One transition the
-  # source almost never makes costs tens of bits, so this mean is heavy-tailed: read it with its error.
   bits = np.asarray([-chain.log_prob(t) / math.log(2.0) for t in scored])
   lengths = np.asarray([len(t) for t in scored], np.float64)
   n = len(scored)
+  out["truth_bits_per_byte"] = float(bits.sum() / lengths.sum()) if n else math.nan
+  # Its standard error over samples (the ratio estimator's: sum of bits / sum of bytes). One transition the
+  # source almost never makes costs tens of bits, so this mean is heavy-tailed: read it with its error.
   out["truth_bits_per_byte_se"] = (float(np.sqrt(np.sum((bits - out["truth_bits_per_byte"] * lengths) ** 2)
                                                  / (n * (n - 1))) / lengths.mean()) if n > 1 else math.nan)
   return out

@@ -36,7 +36,7 @@ class DistillState(TrainState):
   """The state of a consistency-distillation run (distill.method='dcd', dgemma/diffusion/distill.py): the
   student's TrainState plus the frozen teacher of the current round, checkpointed with it so that a resumed
   run distils from exactly the teacher it had."""
-  teacher_params: Any = None
+  teacher_params: Any
 
 
 def with_teacher(state: TrainState, teacher_params: Any = None) -> DistillState:
