@@ -261,9 +261,12 @@ def _pc_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC, fixed
   """sampler='pc': a predictor pass is the ancestral posterior draw z_s ~ q(z_s | z_t, x_theta) (as
   `_ancestral_update`, on the round grid of `_pc_alphas`); a corrector pass at level alpha re-draws every
   position from the forward marginal of the model's posterior, z ~ alpha p(x0 | z) + (1 - alpha) / N:
-  a Gibbs move z -> x0 ~ p(x0 | z) -> z' ~ q(z' | x0) that leaves q(z_t) invariant when the posterior is
-  the true one (a forward-backward corrector; predictor-corrector samplers for uniform-state diffusion:
-  the Duo follow-up, arXiv 2602.21185). logp_BCV is the leave-one-out prior (`_loo_prior_logits`), so the
+  the move z -> x0 ~ p(x0 | z) -> z' ~ q(z' | x0) (a forward-backward corrector; predictor-corrector samplers
+  for uniform-state diffusion: the Duo follow-up, arXiv 2602.21185). It leaves q(z_t) invariant when x0 is
+  drawn from the joint posterior, or one position at a time; here every position draws x0 from its own
+  marginal at once (all a factorized denoiser gives), which is biased however many passes are taken: fed a
+  Markov source's exact marginals it samples below the source's entropy (eval/markov_oracle.py,
+  docs/results.md "The sampler's own error"). logp_BCV is the leave-one-out prior (`_loo_prior_logits`), so the
   corrector's posterior is softmax(logp + delta(alpha) onehot(z)). The last pass takes the posterior's argmax
   with greedy_last_step (at alpha = 1 that keeps z: a clean canvas is final)."""
   corrector, alpha_in, alpha_out = _pc_alphas(cfg, s)
@@ -285,6 +288,12 @@ def _pc_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC, fixed
   return z_BC, state.held_BC, z_BC == argmax_BC, z_BC, argmax_BC
 
 
+def input_alpha(cfg, s) -> jax.Array:
+  """Samplers 'ancestral' / 'pc': the signal level alpha of pass s's input canvas (its noise level on the
+  time grid; what an exact denoiser of the pass conditions on)."""
+  return _pc_alphas(cfg, s)[1] if cfg.sampler == "pc" else _step_alphas(cfg, s)[0]
+
+
 def _loo_prior_logits(logits_BCV, state, cfg, s):
   """sampler='ancestral' / 'pc': q(z_s | z_t, x_theta) is the true reverse step when x_theta is the
   leave-one-out prior p(x_i | z_t without i) (dgemma/diffusion/objectives.py docstring), so a model whose
@@ -292,8 +301,7 @@ def _loo_prior_logits(logits_BCV, state, cfg, s):
   onehot(z_t) taken off at the level of the pass's input canvas; a leave-one-out model is read as it is."""
   if cfg.loo_logits:
     return logits_BCV
-  alpha_in = _pc_alphas(cfg, s)[1] if cfg.sampler == "pc" else _step_alphas(cfg, s)[0]
-  alpha_t = jnp.broadcast_to(alpha_in, state.canvas_BC.shape)
+  alpha_t = jnp.broadcast_to(input_alpha(cfg, s), state.canvas_BC.shape)
   return objectives.loo_from_posterior(logits_BCV, state.canvas_BC, alpha_t)
 
 

@@ -110,6 +110,13 @@ def test_samples_are_scored_under_the_source_itself(tmp_path):
   # the source's own samples score its entropy rate: 80k symbols put the estimate's standard error near
   # 0.01 bits (per-symbol surprisal sd ~ 2-3 bits); 0.06 bits is 5 of them
   assert scores["truth_bits_per_byte"] == pytest.approx(scores["truth_entropy_rate_bits"], abs=0.06)
+  # the yardstick of short samples: the entropy of the source's documents of that length, by enumeration
+  small = markov.MarkovChain.random(alphabet="abc", order=2, concentration=0.5, seed=3)
+  docs3 = ["".join(x) for x in itertools.product("abc", repeat=3)]
+  entropy_3 = -sum(math.exp(small.log_prob(d)) * small.log_prob(d) for d in docs3) / (3 * math.log(2))
+  assert sum(math.exp(small.log_prob(d)) for d in docs3) == pytest.approx(1.0, abs=1e-9)
+  assert markov.sample_scores(small, ["abc", "cab"])["truth_expected_bits"] == pytest.approx(entropy_3, rel=1e-9)
+  assert scores["truth_expected_bits"] > scores["truth_entropy_rate_bits"]
   # a sampler that repeats one letter is far from it, here above it (a rare transition repeated)
   assert markov.sample_scores(chain, ["z" * 400])["truth_bits_per_byte"] != pytest.approx(
       scores["truth_entropy_rate_bits"], abs=0.5)
@@ -117,19 +124,19 @@ def test_samples_are_scored_under_the_source_itself(tmp_path):
     markov.read_chain(str(tmp_path / "missing.json"), "eval.truth")
 
 
-def test_canvas_posteriors_match_enumeration():
+@pytest.mark.parametrize("prefix", ["ca", ""])
+def test_canvas_posteriors_match_enumeration(prefix):
   """Forward-backward posteriors p(x_i | z) and p(x_i | z_-i) of a noisy canvas against summing over every
-  clean canvas (4^6 of them), float64."""
+  clean canvas (4^6 of them), float64; after a clean prefix, and at a document's start (no prefix: the
+  canvas is the document's first symbols, scored by log_prob from the stationary start)."""
   chain = markov.MarkovChain.random(alphabet="abc ", order=2, concentration=0.3, seed=2)
   S, C, V, alpha = 4, 6, 11, 0.6
-  rng = np.random.default_rng(0)
-  prefix = "ca"
   z = np.array([0, -1, 3, 3, -1, 1])  # -1: a noisy id outside the alphabet
   full, loo = markov.canvas_posteriors(chain, prefix, z, alpha, V)
   want_full, want_loo = np.zeros((C, S)), np.zeros((C, S))
   for xs in itertools.product(range(S), repeat=C):
     text = prefix + "".join(chain.alphabet[x] for x in xs)
-    p = math.exp(chain.log_prob(text) - chain.log_prob(prefix))   # p(canvas | prefix)
+    p = math.exp(chain.log_prob(text) - (chain.log_prob(prefix) if prefix else 0.0))   # p(canvas | prefix)
     emit = [alpha * (zi == xi) + (1 - alpha) / V for zi, xi in zip(z, xs)]
     joint = p * np.prod(emit)
     for i, xi in enumerate(xs):
@@ -140,4 +147,8 @@ def test_canvas_posteriors_match_enumeration():
   np.testing.assert_allclose(full, want_full, rtol=1e-9, atol=1e-12)
   np.testing.assert_allclose(loo, want_loo, rtol=1e-9, atol=1e-12)
   assert not np.allclose(full, loo)
-  del rng
+  # a batch of canvases is each canvas alone
+  z2 = np.array([2, 2, -1, 0, 1, 3])
+  full_B, loo_B = markov.canvas_posteriors(chain, prefix, np.stack([z, z2]), alpha, V)
+  np.testing.assert_allclose(full_B[0], full, rtol=1e-12)
+  np.testing.assert_allclose(loo_B[1], markov.canvas_posteriors(chain, prefix, z2, alpha, V)[1], rtol=1e-12)
