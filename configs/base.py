@@ -182,6 +182,7 @@ def get_config() -> ml_collections.ConfigDict:
                                          # the same max_denoising_steps passes in all) | 'masked' (MDLM reveal
                                          # sampling from all-mask; the only sampler for objective='mdlm')
   config.sample.pc_corrector_steps = 1   # sampler='pc': correctors per predictor (steps % (1 + this) == 0)
+  config.sample.pc_corrector_fraction = 1.0  # sampler='pc': share of positions a corrector re-draws (1: all)
   config.sample.acceptance = "entropy_bound"  # 'entropy_bound' | 'confidence' | 'fixed_k'
   config.sample.accept_confidence = 0.9  # acceptance='confidence': top probability >= this
   config.sample.accept_k = 1             # acceptance='fixed_k': tokens accepted per step

@@ -516,6 +516,7 @@ def _sampler(s, diffusion: DiffusionSettings, data: DataSettings, vocab_size: in
       early_exit=_bool("sample.early_exit", s.early_exit),
       self_conditioning=_bool("sample.self_conditioning", s.self_conditioning),
       sampler=s.sampler, pc_corrector_steps=_int("sample.pc_corrector_steps", s.pc_corrector_steps, 1),
+      pc_corrector_fraction=_float("sample.pc_corrector_fraction", s.pc_corrector_fraction, 0.0, 1.0, lo_open=True),
       acceptance=s.acceptance,
       accept_confidence=_float("sample.accept_confidence", s.accept_confidence, 0.0, 1.0),
       accept_k=_int("sample.accept_k", s.accept_k, 1), renoise=s.renoise,

@@ -58,6 +58,7 @@ def define_flags() -> None:
   _FLAGS["t_min"] = flags.DEFINE_float("t_min", 1.0, "sample.t_min.")
   _FLAGS["greedy_last_step"] = flags.DEFINE_boolean("greedy_last_step", True, "sample.greedy_last_step.")
   _FLAGS["pc_corrector_steps"] = flags.DEFINE_integer("pc_corrector_steps", 1, "sample.pc_corrector_steps.")
+  _FLAGS["pc_corrector_fraction"] = flags.DEFINE_float("pc_corrector_fraction", 1.0, "sample.pc_corrector_fraction.")
   _FLAGS["seed"] = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
 
@@ -120,10 +121,12 @@ def sample_texts(chain: markov.MarkovChain, cfg: SamplerConfig, num_samples: int
 
 
 def sampler_config(name: str, steps: int, *, canvas_len: int, t_max: float, t_min: float,
-                   greedy_last_step: bool = True, pc_corrector_steps: int = 1, loo_logits: bool = False) -> SamplerConfig:
+                   greedy_last_step: bool = True, pc_corrector_steps: int = 1, pc_corrector_fraction: float = 1.0,
+                   loo_logits: bool = False) -> SamplerConfig:
   """The SamplerConfig of one row: every pass taken (no early exit), no self-conditioning signal."""
   return SamplerConfig(canvas_len=canvas_len, max_denoising_steps=steps, sampler=name, t_max=t_max, t_min=t_min,
                        greedy_last_step=greedy_last_step, pc_corrector_steps=pc_corrector_steps,
+                       pc_corrector_fraction=pc_corrector_fraction,
                        loo_logits=loo_logits, self_conditioning=False, early_exit=False)
 
 
@@ -142,10 +145,12 @@ def main(argv):
     for n in steps:
       cfg = sampler_config(name, n, canvas_len=_FLAGS["canvas_len"].value, t_max=_FLAGS["t_max"].value,
                            t_min=_FLAGS["t_min"].value, greedy_last_step=_FLAGS["greedy_last_step"].value,
-                           pc_corrector_steps=_FLAGS["pc_corrector_steps"].value)
+                           pc_corrector_steps=_FLAGS["pc_corrector_steps"].value,
+                           pc_corrector_fraction=_FLAGS["pc_corrector_fraction"].value)
       texts = sample_texts(chain, cfg, _FLAGS["num_samples"].value, _FLAGS["seed"].value)
       row = {"sampler": name, "steps": n, "t_max": cfg.t_max, "t_min": cfg.t_min,
-             "greedy_last_step": cfg.greedy_last_step, "num_samples": len(texts),
+             "greedy_last_step": cfg.greedy_last_step, "pc_corrector_steps": cfg.pc_corrector_steps,
+             "pc_corrector_fraction": cfg.pc_corrector_fraction, "num_samples": len(texts),
              **markov.sample_scores(chain, texts)}
       print(json.dumps(row), flush=True)
       rows.append(row)

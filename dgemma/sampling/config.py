@@ -45,6 +45,10 @@ class SamplerConfig:
       passes at the new noise level (the last round's before its predictor to t = 0), within the same
       max_denoising_steps passes; rules._pc_alphas) |
       'masked' (MDLM, for mdlm-trained runs).
+    pc_corrector_fraction: sampler='pc': the share of positions a corrector pass re-draws (the rest keep
+      their token); 1 re-draws the whole canvas, smaller shares move towards the one-position Gibbs move
+      that is exact (rules._pc_update). Drawn per position from the pass's re-noise draw, so the share is
+      rounded to a multiple of 1 / vocab_size (at least one id).
     pc_corrector_steps: sampler='pc': corrector passes per predictor pass (>= 1; max_denoising_steps
       must be a multiple of 1 + this).
     acceptance: 'entropy_bound' | 'confidence' (positions whose top probability >= accept_confidence)
@@ -87,6 +91,7 @@ class SamplerConfig:
   self_conditioning: bool = True
   sampler: str = "released"
   pc_corrector_steps: int = 1
+  pc_corrector_fraction: float = 1.0
   acceptance: str = "entropy_bound"
   accept_confidence: float = 0.9
   accept_k: int = 1
@@ -131,6 +136,8 @@ class SamplerConfig:
     need(self.pad_id not in self.end_ids, f"sample.end_ids must not contain the pad id {self.pad_id}")
     one_of("sampler", tuple(rules.KINDS))
     need(self.pc_corrector_steps >= 1, f"sample.pc_corrector_steps must be >= 1, got {self.pc_corrector_steps}")
+    need(0.0 < self.pc_corrector_fraction <= 1.0,
+         f"sample.pc_corrector_fraction must be in (0, 1], got {self.pc_corrector_fraction}")
     if self.sampler == "pc":
       need(self.max_denoising_steps % (1 + self.pc_corrector_steps) == 0,
            f"sample.sampler='pc': sample.max_denoising_steps={self.max_denoising_steps} must be a multiple of "

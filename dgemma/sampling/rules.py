@@ -266,7 +266,10 @@ def _pc_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC, fixed
   drawn from the joint posterior, or one position at a time; here every position draws x0 from its own
   marginal at once (all a factorized denoiser gives), which is biased however many passes are taken: fed a
   Markov source's exact marginals it samples below the source's entropy (eval/markov_oracle.py,
-  docs/results.md "The sampler's own error"). logp_BCV is the leave-one-out prior (`_loo_prior_logits`), so the
+  docs/results.md "The sampler's own error"). With cfg.pc_corrector_fraction < 1 a corrector re-draws only
+  that share of the positions (chosen per position from the pass's re-noise draw, which pc has no other use
+  for: id < round(fraction * N)) and the rest keep their token, which shrinks the bias towards the exact
+  one-position move at the price of slower mixing. logp_BCV is the leave-one-out prior (`_loo_prior_logits`), so the
   corrector's posterior is softmax(logp + delta(alpha) onehot(z)). The last pass takes the posterior's argmax
   with greedy_last_step (at alpha = 1 that keeps z: a clean canvas is final)."""
   corrector, alpha_in, alpha_out = _pc_alphas(cfg, s)
@@ -280,6 +283,11 @@ def _pc_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC, fixed
       corrector, correct,
       lambda lp: posteriors.uniform_posterior(jnp.exp(lp), state.canvas_BC, alpha_in, alpha_out), logp_BCV)
   z_BC = noise.sample(canvas_idx, s, jnp.log(q_BCV))
+  if cfg.pc_corrector_fraction < 1.0:
+    batch, canvas_len, vocab = logp_BCV.shape
+    cut = max(1, round(cfg.pc_corrector_fraction * vocab))
+    redraw_BC = noise.renoise(canvas_idx, s, canvas_len, vocab) < cut
+    z_BC = jnp.where(corrector & ~redraw_BC, state.canvas_BC, z_BC)
   argmax_BC = _posterior_argmax(logp_BCV, argmax_BC, state.canvas_BC, alpha_in, fixed_BC, fixed_mask_BC)
   if cfg.greedy_last_step:
     z_BC = jnp.where(s == cfg.max_denoising_steps - 1, argmax_BC, z_BC)

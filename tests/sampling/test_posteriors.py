@@ -107,16 +107,21 @@ def test_ancestral_steps_draw_from_the_posterior():
   np.testing.assert_array_equal(st.canvas_BC[0], 5)   # the confident row lands on its token
 
 
-def test_pc_passes_alternate_posterior_and_corrector_draws():
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_pc_passes_alternate_posterior_and_corrector_draws(fraction):
   """sampler='pc' with one corrector, n = S/2 rounds: round i < n-1 is a predictor draw from q(. | z, x)
   from t = 1 - i/n to 1 - (i+1)/n and a corrector draw from alpha post + (1 - alpha)/N at the new level
   (post = the posterior softmax(log x + delta onehot z)); the last round's corrector comes first, at
   t = 1/n, then the greedy predictor to t = 0. x is the tempered leave-one-out prior. S passes in all,
-  no early stopping; the result is the final canvas."""
+  no early stopping; the result is the final canvas. With pc_corrector_fraction < 1 a corrector re-draws
+  only the positions whose re-noise id is below round(fraction * N); the rest keep their token."""
   S_A = 6
-  noise = _gumbel_noise(5, S_A, np.random.RandomState(4).randint(0, V_SYN, (B_SYN, C_SYN)))
+  renoise_SBC = np.random.RandomState(7).randint(0, V_SYN, (S_A, B_SYN, C_SYN))
+  noise = _gumbel_noise(5, S_A, np.random.RandomState(4).randint(0, V_SYN, (B_SYN, C_SYN)), renoise_SBC)
   cfg = SamplerConfig(canvas_len=C_SYN, max_denoising_steps=S_A, end_ids=(1,), sampler="pc",
-                      pc_corrector_steps=1, alpha_schedule="loglinear", confidence_threshold=1e9)
+                      pc_corrector_steps=1, pc_corrector_fraction=fraction, alpha_schedule="loglinear",
+                      confidence_threshold=1e9)
+  cut = round(fraction * V_SYN)
   st = jax.tree.map(np.asarray, denoise_fixed(synthetic_decode, cfg, noise, noise.init_canvas_NBC[0]))
   traj = st.traj
   assert traj.active_SB.all() and (st.num_forwards_B == S_A).all()
@@ -142,6 +147,9 @@ def test_pc_passes_alternate_posterior_and_corrector_draws():
     elif corrector:
       with np.errstate(divide="ignore"):
         want = np.argmax(np.log(a_out * post + (1 - a_out) / V_SYN) + np.asarray(noise.gumbel_NSBCV[0, s]), axis=-1)
+      redraw = renoise_SBC[s] < cut
+      assert redraw.all() == (fraction == 1.0) and (fraction == 1.0 or redraw.any())
+      want = np.where(redraw, want, z)
     else:
       q = np.array([[_posterior_numpy(x[b, c], z[b, c], a_in, a_out) for c in range(C_SYN)]
                     for b in range(B_SYN)])
@@ -167,13 +175,17 @@ def test_pc_settings_are_checked():
     SamplerConfig(sampler="pc", max_denoising_steps=7, pc_corrector_steps=1)
   SamplerConfig(sampler="pc", max_denoising_steps=9, pc_corrector_steps=2)
   SamplerConfig(sampler="ancestral", max_denoising_steps=7)  # the multiple applies to 'pc' only
+  for bad in (0.0, 1.5):
+    with pytest.raises(ConfigError, match="pc_corrector_fraction"):
+      SamplerConfig(sampler="pc", max_denoising_steps=6, pc_corrector_fraction=bad)
 
 
-def _gumbel_noise(seed, steps, init_BC):
+def _gumbel_noise(seed, steps, init_BC, renoise_SBC=None):
   rs = np.random.RandomState(seed)
+  renoise_SBC = np.zeros((steps, B_SYN, C_SYN)) if renoise_SBC is None else renoise_SBC
   return FixedNoise(init_canvas_NBC=jnp.asarray(init_BC)[None],
                     gumbel_NSBCV=jnp.asarray(rs.gumbel(size=(1, steps, B_SYN, C_SYN, V_SYN)), jnp.float32),
-                    renoise_NSBC=jnp.zeros((1, steps, B_SYN, C_SYN), jnp.int32))
+                    renoise_NSBC=jnp.asarray(renoise_SBC, jnp.int32)[None])
 
 
 def _softmax64(proc):
