@@ -23,7 +23,6 @@ Prints one JSON line per (sampler, steps) as it is measured and writes them all 
 from __future__ import annotations
 
 import json
-
 from typing import Sequence
 
 import jax
@@ -140,6 +139,9 @@ def main(argv):
     steps = [int(s) for s in _FLAGS["steps"].value]
   except ValueError as e:
     raise ConfigError(f"--steps: {_FLAGS['steps'].value} must be integers") from e
+  for name in ("num_samples", "canvas_len"):
+    if _FLAGS[name].value < 1:
+      raise ConfigError(f"--{name}: must be >= 1, got {_FLAGS[name].value}")
   rows = []
   for name in _FLAGS["samplers"].value:
     for n in steps:
