@@ -40,7 +40,6 @@ from dgemma.sampling.config import SamplerConfig
 from dgemma.tools import cli
 
 TIME_GRID_SAMPLERS = ("ancestral", "pc")
-_NO_MASS = -1e30  # the logit of an id the source never emits (finite: no inf - inf in the loo shift)
 
 _FLAGS: dict = {}
 
@@ -88,9 +87,7 @@ def exact_decode_fn(chain: markov.MarkovChain, cfg: SamplerConfig, ids_S: Sequen
     alpha = float(rules.input_alpha(cfg, calls[0]))
     calls[0] += 1
     full_BCS, _ = markov.canvas_posteriors(chain, "", symbol_of_id_V[np.asarray(canvas_BC)], alpha, vocab_size)
-    logits_BCV = np.full(full_BCS.shape[:2] + (vocab_size,), _NO_MASS, np.float32)
-    logits_BCV[..., ids_S] = np.log(np.maximum(full_BCS, 1e-300))
-    return logits_BCV
+    return markov.vocab_logits(full_BCS, ids_S, vocab_size)
 
   def decode_fn(canvas_BC, sc_BCX, sc_mask_B):
     del sc_BCX, sc_mask_B  # the exact posterior needs no self-conditioning signal

@@ -108,10 +108,8 @@ def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *,
       for b, prefix in enumerate(prefixes):
         z_sym = np.array([symbol_of_id.get(int(i), -1) for i in noisy_BC[b]])
         _, loo_CS = markov.canvas_posteriors(chain, prefix, z_sym, alpha, V)
-        logits = np.full((C, V), -np.inf, np.float32)
-        logits[:, sym_ids] = np.log(np.maximum(loo_CS, 1e-300))
         per_row.append(np.asarray(objectives.uniform_nelbo_per_token(
-            jnp.asarray(logits), jnp.asarray(x_BC[b]), jnp.asarray(noisy_BC[b]), jnp.full((C,), alpha, jnp.float32),
+            jnp.asarray(markov.vocab_logits(loo_CS, sym_ids, V)), jnp.asarray(x_BC[b]), jnp.asarray(noisy_BC[b]), jnp.full((C,), alpha, jnp.float32),
             -jnp.ones((C,)))))
       exact.append(float(np.mean(per_row)))
     out.append({"t": t, "model": float(np.mean(got)), "exact": float(np.mean(exact))})

@@ -227,6 +227,17 @@ def write_splits(out_dir: str, *, num_train: int, num_valid: int, length: int, o
   return truth
 
 
+NO_MASS_LOGIT = -1e30  # an id the source never emits: finite, so a shift like f - delta onehot(z) is never inf - inf
+
+
+def vocab_logits(probs_XS: np.ndarray, ids_S, vocab_size: int) -> np.ndarray:
+  """float32 [..., vocab_size] log-probabilities of distributions over the alphabet (`canvas_posteriors`'
+  [..., S] arrays) as a model's logits: symbol j at id ids_S[j], NO_MASS_LOGIT elsewhere."""
+  out = np.full(probs_XS.shape[:-1] + (vocab_size,), NO_MASS_LOGIT, np.float32)
+  out[..., np.asarray(ids_S)] = np.log(np.maximum(probs_XS, 1e-300))
+  return out
+
+
 def canvas_posteriors(chain: MarkovChain, prefix: str, noisy_symbols_C: np.ndarray, alpha: float,
                       vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
   """The exact denoising posteriors of a canvas of the chain: float64 [C, S] arrays (p(x_i | z), p(x_i | z_-i)).

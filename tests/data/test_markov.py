@@ -152,3 +152,11 @@ def test_canvas_posteriors_match_enumeration(prefix):
   full_B, loo_B = markov.canvas_posteriors(chain, prefix, np.stack([z, z2]), alpha, V)
   np.testing.assert_allclose(full_B[0], full, rtol=1e-12)
   np.testing.assert_allclose(loo_B[1], markov.canvas_posteriors(chain, prefix, z2, alpha, V)[1], rtol=1e-12)
+  # as a model's logits over V ids: the softmax is the posterior on the alphabet's ids, zero elsewhere
+  ids = [7, 2, 9, 4]
+  logits = markov.vocab_logits(full_B, ids, V)
+  assert logits.shape == (2, C, V) and logits.dtype == np.float32
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  np.testing.assert_allclose(probs[..., ids], full_B, rtol=1e-5, atol=1e-7)  # fp32 logs of float64 posteriors
+  assert probs[..., [i for i in range(V) if i not in ids]].max() == 0.0
