@@ -59,7 +59,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Canvas objective (dgemma/diffusion/objectives.py): 'base_ce' (released: plain CE at every canvas position) |
   # 'reweighted_ce' (CE * min(-alpha'/alpha, reweight_cap) = 1/(1-t) for the linear schedule) |
   # 'loo_ce' / 'reweighted_loo_ce' (CE under softmax(f + log(1 + V alpha/(1-alpha)) onehot(x_t))) |
-  # 'nelbo' (continuous-time uniform-state NELBO) | 'mdlm' (masked-diffusion baseline, tokens -> mask_id) |
+  # 'loo_replaced_ce' (plain CE of f only where the forward process drew a token) | 'loo_ce_replaced_ce' (sum) |
+  # 'nelbo' (continuous-time uniform-state NELBO) | 'loo_nelbo' | 'loo_nelbo_ce' |
+  # 'mdlm' (masked-diffusion baseline, tokens -> mask_id) |
   # 'ar' (baseline: causal next-token CE over the whole row, no canvas).
   config.diffusion.objective = "base_ce"
   config.diffusion.schedule = "linear"   # alpha(t) (dgemma/diffusion/schedules.py): 'linear' 1 - t (released) |

@@ -11,7 +11,8 @@ the truth"): `loo_ce`, whose network output is the leave-one-out distribution th
 no time input, so a posterior output cannot be precise at low noise); three canvases per row; one decoder pass
 (no self-conditioning). On the Markov source above it reaches 1.69 times the true bits per byte in 1,600 steps
 (about 15 minutes here), where the same model trained as an AR model (--config.diffusion.objective=ar) reaches
-1.024 in 1,000 steps: the 10% target of issue #18 is not met.
+1.024 in 1,000 steps: the 10% target of issue #18 is not met. Where the bound is lost (eval.markov_profile):
+92% of the excess is at positions the noise replaced, where the decoder predicts from the left context only.
   # override anything, e.g. the objective or a longer run:
   python train.py --config=configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_long \\
       --config.diffusion.objective=base_ce --config.train.num_steps=4000

@@ -10,6 +10,10 @@ forward-backward, dgemma/data/markov.py `canvas_posteriors`) integrates to the s
 between the two curves at each t is where the model loses bits. Canvases are the document canvases of
 eval.likelihood that hold only alphabet symbols (the first and last of a document are skipped), each
 conditioned on its training-length context; each (canvas, t) gets --draws noise draws shared by both.
+Each row also splits both integrands between kept positions (z_i = x_i, no draw) and drawn ones (the forward
+process drew a uniform token there), and gives the mean KL(exact || model) of the two leave-one-out
+distributions p(x_i | z_-i) at each kind of position: the distribution the NELBO reads, so a KL far from 0
+says the model has not learned it there (docs/results.md, "A diffusion likelihood against the truth").
 Writes out_dir/profile.json and out_dir/integrand_vs_t.png.
 """
 
@@ -33,6 +37,7 @@ from dgemma.model import Transformer, init_cache
 from dgemma.tools import cli
 
 GRID = (0.003, 0.01, 0.03, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97)
+RIGHT_PROBES = slice(2, None, 3)  # canvas positions whose use of the right side is measured (one decode each)
 
 _FLAGS: dict = {}
 
@@ -49,13 +54,21 @@ def define_flags() -> None:
   _FLAGS["max_documents"] = flags.DEFINE_integer("max_documents", 4, "Documents whose canvases are used.")
   _FLAGS["draws"] = flags.DEFINE_integer("draws", 2, "Noise draws per canvas and t.")
   _FLAGS["seed"] = flags.DEFINE_integer("seed", 0, "Noise seed.")
+  _FLAGS["step"] = flags.DEFINE_integer("step", -1, "The run's checkpoint step (-1: the latest).")
+  _FLAGS["grid"] = flags.DEFINE_list("grid", [str(t) for t in GRID], "Noise levels t in (0, 1).")
 
 
 
 
 def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *, grid=GRID, draws: int = 2,
             seed: int = 0) -> list[dict]:
-  """[{t, model, exact}]: the mean NELBO integrand per token at each t, of the model and of the exact denoiser."""
+  """[{t, model, exact, ...}]: the mean NELBO integrand per token at each t, of the model and of the exact denoiser;
+  `model_kept` / `model_drawn` and `exact_kept` / `exact_drawn` are the same means over kept and drawn positions,
+  `kl_kept` / `kl_drawn` the mean KL(exact || model) of the leave-one-out distributions there (nats), and
+  `drawn_fraction` the share of drawn positions. `right_kl_model` / `right_kl_exact`: how much each denoiser's
+  leave-one-out prediction at a drawn position uses the canvas to its right, the mean KL(intact || every later
+  canvas token replaced by a non-alphabet id, i.e. known noise), over drawn positions among every third one
+  (`RIGHT_PROBES`)."""
   st = model.settings
   if st.diffusion.objective_record.autoregressive or st.diffusion.objective_record.masked:
     raise ConfigError(f"--checkpoint: objective {st.diffusion.objective!r} is not a uniform-state diffusion run")
@@ -90,29 +103,58 @@ def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *,
     if st.eval.self_conditioning and model_cfg.self_conditioning:
       logits_BCV = decode(logits_BCV)
     a_BC = jnp.full(noisy_BC.shape, alpha, jnp.float32)  # linear schedule: alpha = 1 - t, alpha' = -1
-    return record.nelbo_per_token(logits_BCV, canvas["tokens"], noisy_BC, a_BC, -jnp.ones(noisy_BC.shape),
-                                  mask_id=st.diffusion.mask_id)
+    integrand_BC = record.nelbo_per_token(logits_BCV, canvas["tokens"], noisy_BC, a_BC, -jnp.ones(noisy_BC.shape),
+                                          mask_id=st.diffusion.mask_id)
+    return integrand_BC, jax.nn.log_softmax(record.loo_prior_logits(logits_BCV, noisy_BC, a_BC))
 
   rng = np.random.default_rng(seed)
   x_BC = batch["tokens"][:, context_len:]
   sym_ids = np.array([tok.encode(c)[0] for c in chain.alphabet])
+  noise_id = min(set(range(V)) - set(sym_ids.tolist()) - {tok.pad_id})  # a drawn id outside the alphabet
+  probes = list(range(C))[RIGHT_PROBES]
+
+  def kl_rows(logp_XV, logq_XV):  # KL(p || q) per row; ids where p = 0 add nothing
+    p_XV = np.exp(logp_XV)
+    return np.sum(np.where(p_XV > 0, p_XV * (logp_XV - logq_XV), 0.0), axis=-1)
+
   out = []
   for t in grid:
     alpha = 1.0 - t
-    got, exact = [], []
+    got, exact, kl, drawn, right_model, right_exact = [], [], [], [], [], []
     for _ in range(draws):
-      replace = rng.random(x_BC.shape) < t
-      noisy_BC = np.where(replace, rng.integers(0, V, x_BC.shape), x_BC).astype(np.int32)
-      got.append(float(np.mean(np.asarray(model_integrand(jnp.asarray(noisy_BC), jnp.float32(alpha))))))
-      per_row = []
+      drawn_BC = rng.random(x_BC.shape) < t
+      noisy_BC = np.where(drawn_BC, rng.integers(0, V, x_BC.shape), x_BC).astype(np.int32)
+      integrand_BC, model_loo_BCV = model_integrand(jnp.asarray(noisy_BC), jnp.float32(alpha))
+      model_loo_BCV = np.asarray(model_loo_BCV)
+      got.append(np.asarray(integrand_BC))
       for b, prefix in enumerate(prefixes):
         z_sym = np.array([symbol_of_id.get(int(i), -1) for i in noisy_BC[b]])
         _, loo_CS = markov.canvas_posteriors(chain, prefix, z_sym, alpha, V)
-        per_row.append(np.asarray(objectives.uniform_nelbo_per_token(
-            jnp.asarray(markov.vocab_logits(loo_CS, sym_ids, V)), jnp.asarray(x_BC[b]), jnp.asarray(noisy_BC[b]), jnp.full((C,), alpha, jnp.float32),
+        exact_CV = np.asarray(jax.nn.log_softmax(markov.vocab_logits(loo_CS, sym_ids, V)))
+        exact.append(np.asarray(objectives.uniform_nelbo_per_token(
+            jnp.asarray(exact_CV), jnp.asarray(x_BC[b]), jnp.asarray(noisy_BC[b]), jnp.full((C,), alpha, jnp.float32),
             -jnp.ones((C,)))))
-      exact.append(float(np.mean(per_row)))
-    out.append({"t": t, "model": float(np.mean(got)), "exact": float(np.mean(exact))})
+        kl.append(kl_rows(exact_CV, model_loo_BCV[b]))
+      drawn.append(drawn_BC)
+      for i in probes:  # the right side of position i removed: later tokens become known noise
+        cut_BC = noisy_BC.copy()
+        cut_BC[:, i + 1:] = noise_id
+        _, cut_loo_BCV = model_integrand(jnp.asarray(cut_BC), jnp.float32(alpha))
+        rows_B = np.nonzero(drawn_BC[:, i])[0]
+        right_model += list(kl_rows(model_loo_BCV[rows_B, i], np.asarray(cut_loo_BCV)[rows_B, i]))
+        for b in rows_B:
+          z_sym = np.array([symbol_of_id.get(int(j), -1) for j in noisy_BC[b]])
+          full_S, cut_S = (markov.canvas_posteriors(chain, prefixes[b], zs, alpha, V)[1][i]
+                           for zs in (z_sym, np.where(np.arange(C) > i, -1, z_sym)))
+          right_exact.append(kl_rows(np.log(np.maximum(full_S, 1e-300)), np.log(np.maximum(cut_S, 1e-300))))
+    got, exact, kl, drawn = (np.concatenate(a).reshape(-1) for a in (got, exact, kl, drawn))
+    mean = lambda a, where: float(np.mean(a[where])) if np.any(where) else float("nan")
+    out.append({"t": t, "model": float(np.mean(got)), "exact": float(np.mean(exact)),
+                "model_kept": mean(got, ~drawn), "model_drawn": mean(got, drawn),
+                "exact_kept": mean(exact, ~drawn), "exact_drawn": mean(exact, drawn),
+                "kl_kept": mean(kl, ~drawn), "kl_drawn": mean(kl, drawn), "drawn_fraction": float(np.mean(drawn)),
+                "right_kl_model": float(np.mean(right_model)) if right_model else float("nan"),
+                "right_kl_exact": float(np.mean(right_exact)) if right_exact else float("nan")})
   return out
 
 
@@ -138,8 +180,14 @@ def main(argv):
   chain = markov.read_chain(_FLAGS['truth'].value)
   texts = list(builder_lib.iter_file_documents(_FLAGS['data'].value, "line", "text", "strict"))
   texts = texts[:_FLAGS['max_documents'].value]
-  model = dgemma.load(_FLAGS['checkpoint'].value)
-  rows = profile(model, chain, texts, draws=_FLAGS['draws'].value, seed=_FLAGS['seed'].value)
+  try:
+    grid = tuple(float(t) for t in _FLAGS['grid'].value)
+  except ValueError as e:
+    raise ConfigError(f"--grid: {_FLAGS['grid'].value!r} is not a list of numbers") from e
+  if not grid or not all(0.0 < t < 1.0 for t in grid):
+    raise ConfigError(f"--grid: every noise level must lie in (0, 1), got {grid}")
+  model = dgemma.load(_FLAGS['checkpoint'].value, step=_FLAGS['step'].value)
+  rows = profile(model, chain, texts, grid=grid, draws=_FLAGS['draws'].value, seed=_FLAGS['seed'].value)
   for r in rows:
     print(json.dumps(r))
   out_dir = Path(_FLAGS['out_dir'].value)

@@ -8,6 +8,7 @@ before the first evaluation (the eval loss is the same diffusion_loss, tested el
 import json
 
 import numpy as np
+import pytest
 
 from configs import pretrain_small, sft_jsonl
 from dgemma import settings as settings_lib
@@ -78,3 +79,10 @@ def test_likelihood_small_trains_on_a_text_file(tmp_path):
   rows = markov_profile.profile(dgemma.load(str(tmp_path / "wd")), chain, texts, grid=(0.1, 0.6), draws=1)
   assert [r["t"] for r in rows] == [0.1, 0.6]
   assert all(np.isfinite(r["model"]) and 0 < r["exact"] < r["model"] for r in rows)
+  for r in rows:  # the kept / drawn split partitions the positions; KL of two distributions is >= 0
+    f = r["drawn_fraction"]
+    assert 0 < f < 1
+    for who in ("model", "exact"):
+      assert r[who] == pytest.approx((1 - f) * r[f"{who}_kept"] + f * r[f"{who}_drawn"], rel=1e-6)
+    assert r["kl_kept"] > 0 and r["kl_drawn"] > 0
+    assert r["right_kl_exact"] > 0.01 and r["right_kl_model"] > -1e-6  # the chain's right side is informative

@@ -26,9 +26,10 @@ are never scored, so training matches sampling with the same tokens held by the 
 (`generate(..., infill_tokens_BN, infill_mask_BN)`): the model learns to denoise the rest around them.
 
 `diffusion.objective` swaps the canvas loss (dgemma/diffusion/objectives.py): base_ce (released), reweighted_ce,
-loo_ce, reweighted_loo_ce, nelbo (uniform-state NELBO), mdlm (masked-diffusion baseline: tokens
-replaced by `mask_id` with probability 1 - alpha) and ar (no canvas: next-token CE of the causal
-encoder over the whole row).
+loo_ce, reweighted_loo_ce, loo_replaced_ce (reads the corruption's draw mask), nelbo (uniform-state NELBO),
+mdlm (masked-diffusion baseline: tokens replaced by `mask_id` with probability 1 - alpha) and ar (no canvas:
+next-token CE of the causal encoder over the whole row). On Duo's curriculum steps the draw mask is the
+argmax's z != x, so loo_replaced_ce is not exact there.
 
 Duo's curriculum (`diffusion.curriculum_steps` > 0, dgemma/diffusion/relaxation.py): for the first training
 steps the canvas is drawn as the argmax of a Gaussian latent with exactly the uniform-state marginal at
@@ -258,7 +259,7 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   canvas_w_BC = target_mask(canvas).astype(jnp.float32)
   alpha_BC, dalpha_BC = per_token(alpha_B), per_token(dalpha_B)
   loss_BC = objective.loss(logits_BCV, targets_BC, noisy_BC, alpha_BC, dalpha_BC,
-                           reweight_cap=loss_cfg.reweight_cap, mask_id=loss_cfg.mask_id)
+                           reweight_cap=loss_cfg.reweight_cap, mask_id=loss_cfg.mask_id, replaced_N=replaced_BC)
   n_canvas = jnp.maximum(totals["canvas_tokens"], 1.0)
   canvas_loss = jnp.sum(loss_BC * canvas_w_BC) / n_canvas
   ce_sum, n_local, correct = masked_cross_entropy(logits_BCV, targets_BC, canvas_w_BC)

@@ -30,6 +30,14 @@ Objectives (`per_token_loss(name, ...)`):
                      alone stalls, and the NELBO's clean-token term (about 1 / (N x_theta[z]) for a kept
                      token, whatever t) stops the network from learning "never my own input token",
                      which loo_ce alone does not penalise at low noise (docs/results.md, issue #18).
+  loo_replaced_ce    CE(softmax(f), x) only where the forward process drew a fresh token (its draw mask
+                     `replaced_N`, which counts a draw that returned x); 0 at kept tokens. A drawn token is
+                     independent of x_i, so p(x_i | z, drawn) = p(x_i | z_-i): the loss is proper for the
+                     leave-one-out distribution, with a plain CE's full gradient where loo_ce's is about
+                     t / (N x_theta[z]), and it can never reward "never my own token" (z != x in place of
+                     the draw mask would: it leaves out the draws that returned x_i; tests/diffusion/
+                     test_objectives.py shows both by enumeration).
+  loo_ce_replaced_ce loo_ce + loo_replaced_ce (both proper for the leave-one-out distribution).
   mdlm               masked-diffusion NELBO: -alpha'/(1 - alpha) CE (mask logit removed) on masked
                      positions, 0 elsewhere (Sahoo et al. 2024; SUBS parameterisation).
   ar                 (handled by the caller: next-token CE of the causal encoder, no canvas.)
@@ -189,36 +197,47 @@ def mdlm_nelbo_per_token(logits_NV: jax.Array, x0_N: jax.Array, zt_N: jax.Array,
 
 # ---- the registry --------------------------------------------------------------------------------
 
-def _base_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+def _base_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id, replaced_N=None):
   return cross_entropy(logits_NV, x0_N)
 
 
-def _reweighted_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+def _reweighted_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id, replaced_N=None):
   return time_weight(alpha_N, dalpha_N, reweight_cap) * cross_entropy(logits_NV, x0_N)
 
 
-def _loo_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+def _loo_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id, replaced_N=None):
   return loo_cross_entropy(logits_NV, x0_N, zt_N, alpha_N)
 
 
-def _reweighted_loo_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+def _reweighted_loo_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id, replaced_N=None):
   return time_weight(alpha_N, dalpha_N, reweight_cap) * loo_cross_entropy(logits_NV, x0_N, zt_N, alpha_N)
 
 
-def _nelbo(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+def _nelbo(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id, replaced_N=None):
   return uniform_nelbo_per_token(loo_from_posterior(logits_NV, zt_N, alpha_N), x0_N, zt_N, alpha_N, dalpha_N)
 
 
-def _loo_nelbo(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+def _loo_nelbo(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id, replaced_N=None):
   return uniform_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N)
 
 
-def _loo_nelbo_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+def _loo_nelbo_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id, replaced_N=None):
   return uniform_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N) + loo_cross_entropy(
       logits_NV, x0_N, zt_N, alpha_N)
 
 
-def _mdlm(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id):
+def _loo_replaced_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id, replaced_N=None):
+  if replaced_N is None:  # z != x would leave out the draws that returned x: a biased target (module docstring)
+    raise ValueError("loo_replaced_ce needs replaced_N, the forward process's draw mask")
+  return jnp.where(replaced_N, cross_entropy(logits_NV, x0_N), 0.0)
+
+
+def _loo_ce_replaced_ce(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id, replaced_N=None):
+  return loo_cross_entropy(logits_NV, x0_N, zt_N, alpha_N) + _loo_replaced_ce(
+      logits_NV, x0_N, zt_N, alpha_N, dalpha_N, reweight_cap=reweight_cap, mask_id=mask_id, replaced_N=replaced_N)
+
+
+def _mdlm(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, *, reweight_cap, mask_id, replaced_N=None):
   return mdlm_nelbo_per_token(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, mask_id)
 
 
@@ -231,9 +250,10 @@ class Objective:
 
   corruption: 'uniform' (tokens replaced by uniform random tokens), 'mask' (by diffusion.mask_id) or
     'none' (autoregressive: no canvas, next-token CE of the causal encoder over the whole row).
-  loss: per-token canvas loss fn(logits, x0, zt, alpha, alpha', *, reweight_cap, mask_id) (None for AR).
-  leave_one_out: the network output f stands for the leave-one-out logits log p(x_i | z_-i) (loo_ce,
-    reweighted_loo_ce, loo_nelbo); otherwise for the posterior logits log p(x_i | z) (module docstring).
+  loss: per-token canvas loss fn(logits, x0, zt, alpha, alpha', *, reweight_cap, mask_id, replaced_N=None)
+    (None for AR); replaced_N is the forward process's draw mask (`per_token_loss`).
+  leave_one_out: the network output f stands for the leave-one-out logits log p(x_i | z_-i) (the loo_*
+    objectives); otherwise for the posterior logits log p(x_i | z) (module docstring).
   loss_is_nelbo: the training loss is already the NELBO integrand (the eval metric reuses it).
   samplers: the `sample.sampler` values that fit a model trained this way (() for AR: no canvas sampler).
   """
@@ -288,6 +308,8 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("nelbo", UNIFORM, _nelbo, loss_is_nelbo=True),
     Objective("loo_nelbo", UNIFORM, _loo_nelbo, leave_one_out=True, loss_is_nelbo=True),
     Objective("loo_nelbo_ce", UNIFORM, _loo_nelbo_ce, leave_one_out=True),
+    Objective("loo_replaced_ce", UNIFORM, _loo_replaced_ce, leave_one_out=True),
+    Objective("loo_ce_replaced_ce", UNIFORM, _loo_ce_replaced_ce, leave_one_out=True),
     Objective("mdlm", MASK, _mdlm, loss_is_nelbo=True, samplers=("masked",)),
     Objective("ar", NONE, None, samplers=()),
 )}
@@ -301,9 +323,14 @@ def get(name: str) -> Objective:
 
 
 def per_token_loss(name: str, logits_NV: jax.Array, x0_N: jax.Array, zt_N: jax.Array, alpha_N: jax.Array,
-                   dalpha_N: jax.Array, *, reweight_cap: float = 10.0, mask_id: int = 4) -> jax.Array:
-  """The per-token training loss of objective `name` (see the module docstring); fp32 [N]."""
+                   dalpha_N: jax.Array, *, reweight_cap: float = 10.0, mask_id: int = 4,
+                   replaced_N: jax.Array | None = None) -> jax.Array:
+  """The per-token training loss of objective `name` (see the module docstring); fp32 [N].
+
+  replaced_N: where the forward process drew a fresh token (the draw itself, which may equal x: NOT z != x);
+  only loo_replaced_ce / loo_ce_replaced_ce read it (and need it)."""
   objective = get(name)
   if objective.loss is None:
     raise ConfigError(f"diffusion.objective: {name!r} has no per-token canvas loss (it has no canvas)")
-  return objective.loss(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, reweight_cap=reweight_cap, mask_id=mask_id)
+  return objective.loss(logits_NV, x0_N, zt_N, alpha_N, dalpha_N, reweight_cap=reweight_cap, mask_id=mask_id,
+                        replaced_N=replaced_N)

@@ -418,3 +418,58 @@ def test_ancestral_posterior_of_the_leave_one_out_prior_is_the_true_reverse_step
     wrong = np.asarray(posteriors.uniform_posterior(jnp.asarray(full[:, i], jnp.float32),
                                                     jnp.asarray(seqs[:, i]), a_t, a_s))
     assert np.abs(wrong - want).max() > 0.01
+
+
+def test_replaced_ce_objectives_match_literal_and_need_the_draw_mask():
+  n = 11
+  f, x, z, t = _random_case(3, n)
+  replaced = np.random.default_rng(4).random(len(x)) < 0.5
+  alpha, dalpha = schedules.alpha_and_derivative("linear", t)
+  args = (jnp.asarray(f), jnp.asarray(x), jnp.asarray(z), alpha, dalpha)
+  only = np.asarray(objectives.per_token_loss("loo_replaced_ce", *args, replaced_N=jnp.asarray(replaced)))
+  both = np.asarray(objectives.per_token_loss("loo_ce_replaced_ce", *args, replaced_N=jnp.asarray(replaced)))
+  want_only = np.array([ref_ce(f[i].astype(np.float64), x[i]) if replaced[i] else 0.0 for i in range(len(x))])
+  want_loo = np.array([ref_loo_ce(f[i].astype(np.float64), x[i], z[i], float(_alpha32(t[i]))) for i in range(len(x))])
+  # fp32 log-softmax against float64 on the same inputs: as in test_uniform_objectives_match_literal
+  np.testing.assert_allclose(only, want_only, rtol=2e-4, atol=1e-5)
+  np.testing.assert_allclose(both, want_loo + want_only, rtol=2e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="replaced_N"):
+    objectives.per_token_loss("loo_replaced_ce", *args)
+
+
+@pytest.mark.parametrize("name", ["loo_replaced_ce", "loo_ce_replaced_ce", "loo_ce"])
+def test_replaced_ce_is_minimised_by_the_leave_one_out_distribution(name):
+  """E[loss] over the forward process of a correlated 3-token source, enumerated exactly (x, the draw mask
+  of position i, z), as a function of the network output f(z)_i: its gradient vanishes at the true
+  leave-one-out logits log p(x_i | z_-i) and not at the posterior's. The CE on replaced tokens is proper for
+  the leave-one-out distribution because a drawn token is independent of x_i; with z != x standing in for
+  the draw mask it is not (it leaves out draws that returned x_i, and learns 'never my own token')."""
+  n, i, a = 3, 1, 0.6
+  seqs, p = _joint_source(n, seed=2)
+  full, loo, _ = _exact_posteriors(seqs, p, a, n)
+  S = len(seqs)
+  q_tok = a * (seqs[:, None, :] == seqs[None, :, :]) + (1.0 - a) / n         # [z, x, j] = q(z_j | x_j)
+  others = p[None, :] * np.prod(np.delete(q_tok, i, axis=-1), axis=-1)    # [z, x]: every factor but position i's
+  prob_drawn = others * (1.0 - a) / n                                       # position i drawn (uniform)
+  prob_kept = others * a * (seqs[:, None, i] == seqs[None, :, i])         # position i kept
+  z_idx, x_idx = np.meshgrid(np.arange(S), np.arange(S), indexing="ij")
+  xs, zs = jnp.asarray(seqs[x_idx.ravel(), i]), jnp.asarray(seqs[z_idx.ravel(), i])
+  alpha = jnp.full(S * S, a, jnp.float32)
+
+  def expected_loss(logits_ZV, mask_rule):
+    l = logits_ZV[z_idx.ravel()]
+    total = 0.0
+    for prob, drawn in ((prob_drawn, True), (prob_kept, False)):
+      replaced = jnp.full(S * S, drawn) if mask_rule == "draw" else zs != xs
+      per = objectives.per_token_loss(name, l, xs, zs, alpha, -jnp.ones_like(alpha), replaced_N=replaced)
+      total = total + jnp.sum(jnp.asarray(prob.ravel(), jnp.float32) * per)
+    return total
+
+  grad = lambda logits, rule: np.asarray(jax.grad(expected_loss)(jnp.asarray(logits, jnp.float32), rule))
+  at_loo, at_posterior = grad(np.log(loo[:, i]), "draw"), grad(np.log(full[:, i]), "draw")
+  # Each gradient entry sums 27 products of probabilities (< 1) in fp32: round-off ~ 27 x 6e-8; 1e-5 leaves room.
+  # The posterior's gradient is > 1e-3: the test can see a wrong target of that size.
+  np.testing.assert_allclose(at_loo, 0.0, atol=1e-5)
+  assert np.abs(at_posterior).max() > 1e-3
+  if name != "loo_ce":  # loo_ce never reads the mask
+    assert np.abs(grad(np.log(loo[:, i]), "z != x")).max() > 1e-3
