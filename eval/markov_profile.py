@@ -13,7 +13,8 @@ conditioned on its training-length context; each (canvas, t) gets --draws noise 
 Each row also splits both integrands between kept positions (z_i = x_i, no draw) and drawn ones (the forward
 process drew a uniform token there), and gives the mean KL(exact || model) of the two leave-one-out
 distributions p(x_i | z_-i) at each kind of position: the distribution the NELBO reads, so a KL far from 0
-says the model has not learned it there (docs/results.md, "A diffusion likelihood against the truth").
+says the model has not learned it there (docs/results.md, "A diffusion likelihood against the truth"); and
+how much each denoiser's prediction at a drawn position uses the canvas to its right.
 Writes out_dir/profile.json and out_dir/integrand_vs_t.png.
 """
 
@@ -127,9 +128,11 @@ def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *,
       integrand_BC, model_loo_BCV = model_integrand(jnp.asarray(noisy_BC), jnp.float32(alpha))
       model_loo_BCV = np.asarray(model_loo_BCV)
       got.append(np.asarray(integrand_BC))
+      z_sym_BC = np.vectorize(lambda i: symbol_of_id.get(int(i), -1))(noisy_BC)
+      exact_loo_BCS = []
       for b, prefix in enumerate(prefixes):
-        z_sym = np.array([symbol_of_id.get(int(i), -1) for i in noisy_BC[b]])
-        _, loo_CS = markov.canvas_posteriors(chain, prefix, z_sym, alpha, V)
+        _, loo_CS = markov.canvas_posteriors(chain, prefix, z_sym_BC[b], alpha, V)
+        exact_loo_BCS.append(loo_CS)
         exact_CV = np.asarray(jax.nn.log_softmax(markov.vocab_logits(loo_CS, sym_ids, V)))
         exact.append(np.asarray(objectives.uniform_nelbo_per_token(
             jnp.asarray(exact_CV), jnp.asarray(x_BC[b]), jnp.asarray(noisy_BC[b]), jnp.full((C,), alpha, jnp.float32),
@@ -143,10 +146,9 @@ def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *,
         rows_B = np.nonzero(drawn_BC[:, i])[0]
         right_model += list(kl_rows(model_loo_BCV[rows_B, i], np.asarray(cut_loo_BCV)[rows_B, i]))
         for b in rows_B:
-          z_sym = np.array([symbol_of_id.get(int(j), -1) for j in noisy_BC[b]])
-          full_S, cut_S = (markov.canvas_posteriors(chain, prefixes[b], zs, alpha, V)[1][i]
-                           for zs in (z_sym, np.where(np.arange(C) > i, -1, z_sym)))
-          right_exact.append(kl_rows(np.log(np.maximum(full_S, 1e-300)), np.log(np.maximum(cut_S, 1e-300))))
+          _, cut_CS = markov.canvas_posteriors(chain, prefixes[b], np.where(np.arange(C) > i, -1, z_sym_BC[b]), alpha, V)
+          log = lambda p_S: np.log(np.maximum(p_S, 1e-300))
+          right_exact.append(kl_rows(log(exact_loo_BCS[b][i]), log(cut_CS[i])))
     got, exact, kl, drawn = (np.concatenate(a).reshape(-1) for a in (got, exact, kl, drawn))
     mean = lambda a, where: float(np.mean(a[where])) if np.any(where) else float("nan")
     out.append({"t": t, "model": float(np.mean(got)), "exact": float(np.mean(exact)),
