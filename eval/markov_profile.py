@@ -91,13 +91,15 @@ def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *,
   record = st.diffusion.objective_record
   transformer = Transformer(model_cfg)
 
+  ctx, canvas = split_context_canvas(batch, C)
+  # The clean contexts are the same for every t, draw and probe: encoded once.
+  _, cache = jax.jit(lambda: transformer.apply(
+      {"params": model.params}, ctx["tokens"], ctx["positions"], ctx["segment_ids"],
+      init_cache(model_cfg, ctx["tokens"].shape[0], ctx["tokens"].shape[1], dtype=jnp.dtype(model_cfg.dtype)),
+      return_logits=False, method=Transformer.encode))()
+
   @jax.jit
   def model_integrand(noisy_BC, alpha):
-    ctx, canvas = split_context_canvas(batch, C)
-    B = noisy_BC.shape[0]
-    _, cache = transformer.apply({"params": model.params}, ctx["tokens"], ctx["positions"], ctx["segment_ids"],
-                                 init_cache(model_cfg, B, ctx["tokens"].shape[1], dtype=jnp.dtype(model_cfg.dtype)),
-                                 return_logits=False, method=Transformer.encode)
     decode = lambda sc: transformer.apply({"params": model.params}, noisy_BC, canvas["positions"],
                                           canvas["segment_ids"], cache, sc_logits_BCV=sc, method=Transformer.decode)
     logits_BCV = decode(None)
@@ -147,8 +149,8 @@ def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *,
         right_model += list(kl_rows(model_loo_BCV[rows_B, i], np.asarray(cut_loo_BCV)[rows_B, i]))
         for b in rows_B:
           _, cut_CS = markov.canvas_posteriors(chain, prefixes[b], np.where(np.arange(C) > i, -1, z_sym_BC[b]), alpha, V)
-          log = lambda p_S: np.log(np.maximum(p_S, 1e-300))
-          right_exact.append(kl_rows(log(exact_loo_BCS[b][i]), log(cut_CS[i])))
+          right_exact.append(kl_rows(np.log(np.maximum(exact_loo_BCS[b][i], 1e-300)),
+                                     np.log(np.maximum(cut_CS[i], 1e-300))))
     got, exact, kl, drawn = (np.concatenate(a).reshape(-1) for a in (got, exact, kl, drawn))
     mean = lambda a, where: float(np.mean(a[where])) if np.any(where) else float("nan")
     out.append({"t": t, "model": float(np.mean(got)), "exact": float(np.mean(exact)),
