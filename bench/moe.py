@@ -4,7 +4,7 @@
 
 `dgemma.model.moe.MoE` (router + experts) with cfg.moe_impl = 'ragged' (tokens sorted by expert,
 `jax.lax.ragged_dot`), 'dense' (every expert on every token), 'capacity' (per-expert slabs of
---capacity_factor x the mean load, batched matmuls, ragged fallback on overflow) and 'tokamax' (the ragged
+--capacity_factor x the mean load, doubled per call until the busiest expert fits; batched matmuls) and 'tokamax' (the ragged
 sorting on `tokamax.ragged_dot`: its XLA implementation on CPU), and `layers.GeGLU` with hidden =
 top_k * expert_hidden (the FLOPs a token really needs), at two sizes: the `small` preset and a larger
 layer. Forward and forward+backward (grads of params and input), jitted, compile excluded. The

@@ -32,7 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
       rms_eps=1e-6,
       self_conditioning=True,
       moe_impl="ragged",
-      moe_capacity_factor=4.0,  # moe_impl="capacity" only
+      moe_capacity_factor=1.5,  # moe_impl="capacity" only
       scan_layers=True,
       remat="none",
       dtype="float32",

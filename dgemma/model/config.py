@@ -41,11 +41,12 @@ class ModelConfig:
     self_conditioning: whether the decoder has the self-conditioning module.
     moe_impl: 'auto' (the default: per platform at trace time from measured figures,
       dgemma.model.moe.resolve_impl), 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts,
-      test reference), 'capacity' (fixed per-expert slabs + batched matmuls, ragged fallback on overflow;
-      the fast one on CPU, docs/benchmarks.md), 'expert_parallel' (experts sharded over the mesh axis
+      test reference), 'capacity' (per-expert slabs + batched matmuls, the slab size picked per call from
+      a ladder so none overflows; the fast one on CPU, docs/benchmarks.md), 'expert_parallel' (experts sharded over the mesh axis
       'expert', all-to-all token exchange) or 'tokamax' (the ragged path on tokamax.ragged_dot: Pallas
       kernels on GPU / TPU, quantized experts fed to its quantized kernels; XLA on CPU).
-    moe_capacity_factor: moe_impl='capacity': slab rows per expert = this x the mean load T*k/E.
+    moe_capacity_factor: moe_impl='capacity': the smallest slab has this x the mean load T*k/E rows per
+      expert; the larger ones double it up to T (dgemma.model.moe.capacity_rungs).
     scan_layers: apply repeated layer-pattern blocks with `nn.scan` over stacked weights.
     remat: rematerialisation policy name for each block ('none', 'full', 'dots').
     dtype / param_dtype: compute and storage dtypes ('float32', 'bfloat16'; 'float64' for numerical
@@ -78,7 +79,7 @@ class ModelConfig:
   rms_eps: float = 1e-6
   self_conditioning: bool = True
   moe_impl: str = "auto"
-  moe_capacity_factor: float = 4.0
+  moe_capacity_factor: float = 1.5
   scan_layers: bool = True
   remat: str = "none"
   dtype: str = "float32"

@@ -6,8 +6,9 @@ Interchangeable expert implementations (`cfg.moe_impl`), all dropless:
   'dense':  every expert on every token, combined with a dense [T, E] weight matrix (test reference).
   'capacity': each expert's (token, slot) pairs are scattered into a fixed [C, D] slab and all experts
             run as one batched matmul per projection (`experts_capacity`), which reads every expert's
-            weights once; C = `expert_capacity(T, k, E, cfg.moe_capacity_factor)`. Still dropless:
-            when an expert receives more than C pairs, `lax.cond` runs the 'ragged' path instead.
+            weights once; C is the smallest of `capacity_rungs(T, k, E, cfg.moe_capacity_factor)`
+            (factor x the mean load, doubling up to C = T) that holds the busiest expert, picked at
+            run time by `lax.switch`, so it is dropless and costs what the routing's balance allows.
   'expert_parallel': experts sharded over the mesh axis 'expert', tokens exchanged with
             `jax.lax.all_to_all` inside `jax.shard_map` (`experts_expert_parallel`); 'ragged' when
             no mesh is installed (`jax.set_mesh`, see dgemma.mesh.mesh_context).
@@ -263,23 +264,44 @@ def expert_capacity(num_tokens: int, k: int, num_experts: int, capacity_factor: 
   return int(min(num_tokens, 8 * math.ceil(capacity_factor * mean / 8)))
 
 
+def capacity_rungs(num_tokens: int, k: int, num_experts: int, capacity_factor: float) -> tuple[int, ...]:
+  """The slab sizes 'capacity' chooses among, ascending: C_j = `expert_capacity` at factor x 2^j,
+  j = 0, 1, ..., ending with C = T (which never overflows). A call runs the smallest rung that holds its
+  busiest expert, so a balanced router pays about factor x the useful expert FLOPs and a collapsed one
+  (every token sends a slot to one expert) pays the C = T slabs, never a drop."""
+  rungs, factor = [], float(capacity_factor)
+  while not rungs or rungs[-1] < num_tokens:
+    c = expert_capacity(num_tokens, k, num_experts, factor)
+    if not rungs or c > rungs[-1]:
+      rungs.append(c)
+    factor *= 2
+  return tuple(rungs)
+
+
+def capacity_rung(group_sizes_E, rungs) -> jax.Array:
+  """Index of the smallest of `rungs` (ascending, the last >= every load) that holds the busiest expert."""
+  return jnp.sum(jnp.asarray(rungs[:-1], jnp.int32) < jnp.max(group_sizes_E)).astype(jnp.int32)
+
+
 def experts_capacity(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype, capacity_factor,
-                     adapters=None, fallback: bool = True):
+                     adapters=None, ladder: bool = True):
   """Dropless capacity dispatch: pair m = (token t, slot j) of expert e with rank r among e's pairs
   (in (t, j) order) goes to row e*C + r of an [E*C, D] slab; gate/up/down are batched matmuls over e
   (every expert's weights read once, E*C rows computed, empty rows are zeros); outputs are gathered
-  back and combined with the routing weights in fp32. If max load > C, the 'ragged' path runs instead
-  (`fallback=False` drops the overflowing pairs instead: only for tests that the check is needed)."""
+  back and combined with the routing weights in fp32. C is the smallest of `capacity_rungs` that holds
+  the busiest expert's pairs, picked at run time by `lax.switch` (one compiled branch per rung).
+  `ladder=False` runs the first rung whatever the load, dropping the overflowing pairs: only for tests
+  that the ladder is needed."""
   T, D = x_TD.shape
   E, k = gate_EDF.shape[0], index_Tk.shape[1]
-  C = expert_capacity(T, k, E, capacity_factor)
+  rungs = capacity_rungs(T, k, E, capacity_factor)
   adapters = adapters or {}
   expert_M, order_M, group_sizes_E = sort_by_expert(index_Tk, E)  # M = T * k (token, slot) pairs
+  start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
+  rank_sorted_M = jnp.arange(T * k, dtype=jnp.int32) - start_E[expert_M[order_M]]
+  rank_M = jnp.zeros_like(rank_sorted_M).at[order_M].set(rank_sorted_M)  # pair's rank within its expert
 
-  def slabs(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk):
-    start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
-    rank_sorted_M = jnp.arange(T * k, dtype=jnp.int32) - start_E[expert_M[order_M]]
-    rank_M = jnp.zeros_like(rank_sorted_M).at[order_M].set(rank_sorted_M)
+  def slabs(C, x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk):
     slot_M = jnp.where(rank_M < C, expert_M * C + rank_M, E * C)  # E * C: out of range, dropped
     x_SD = jnp.zeros((E * C, D), dtype).at[slot_M].set(
         jnp.repeat(x_TD.astype(dtype), k, axis=0), mode="drop")
@@ -299,10 +321,11 @@ def experts_capacity(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dty
     y_TkD = jnp.take(y_SD, slot_M, axis=0, mode="fill", fill_value=0).reshape(T, k, D)
     return jnp.sum(y_TkD.astype(layers.at_least_f32(dtype)) * weights_Tk[..., None], axis=1).astype(dtype)
 
-  if C >= T or not fallback:  # C >= T: no expert can receive more than T pairs
-    return slabs(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk)
-  ragged = lambda *a: experts_ragged(*a, index_Tk, dtype, adapters or None)
-  return jax.lax.cond(jnp.max(group_sizes_E) > C, ragged, slabs, x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk)
+  args = (x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk)
+  if len(rungs) == 1 or not ladder:
+    return slabs(rungs[0], *args)
+  branches = [lambda *a, C=C: slabs(C, *a) for C in rungs]
+  return jax.lax.switch(capacity_rung(group_sizes_E, rungs), branches, *args)
 
 
 _AUTO_IMPL = {"cpu": "capacity", "gpu": "dense", "tpu": "ragged"}
@@ -317,11 +340,16 @@ def resolve_impl(impl: str, backend: str | None = None) -> str:
     forward | forward+backward:
       capacity (factor 2)  53 / 52 | 325 / 208      ragged   177 / 175 | 633 / 619
       tokamax (XLA)       265 / 178 | 630 / 629      dense    155 / 154 | 588 / 618
-      capacity (factor 4, the default; C = T here) 102 | 307, ragged 177 | 623, tokamax 178 | 615.
-    ('tokamax' on CPU is XLA's ragged_dot, i.e. 'ragged'.) Whole sampler step, bench/sampler_vs_hf.py
-    (d 256, 8 experts top-2, 256-token canvas): capacity (factor 4) 0.089 s, dense 0.092 s, ragged 0.111 s.
-    Factor 2 is faster on balanced routers (0.069 s) but a trained router overflows it every call, so the
-    ragged fallback runs; the default factor 4 gives C = T here, which never overflows.
+      capacity (factor 4, then the default; C = T here) 102 | 307, ragged 177 | 623, tokamax 178 | 615.
+    ('tokamax' on CPU is XLA's ragged_dot, i.e. 'ragged'.) These are factor 2 and 4 as single slabs,
+    before the ladder (`capacity_rungs`) replaced the ragged fallback.
+    One layer at the sampler's size (d 256, 8 experts top-2, expert hidden 256, 256 canvas tokens): random
+    routing (max load 73 of mean 64) 5.6 ms with C = T, 2.5-3.2 ms with the ladder at factor 1.25-2;
+    collapsed routing (every token sends a slot to one expert) 5.0-6.9 ms at every factor (the C = T rung).
+    Whole sampler step, bench/sampler_vs_hf.py (d 256, 8 experts top-2, 256-token canvas), 2026-12-02:
+    the ladder at factor 1.5 (the default) 0.068-0.076 s, one C = T slab (factor 4) 0.089-0.108 s.
+    Before the ladder, factor 2 with a ragged fallback ran the fallback on every call of a trained router
+    (workdirs/quant_small: the busiest expert took 4x the mean load).
   - GPU (one H200, the full 26B-A4B, bf16, bench/gpu_full_model.py): dense 56.9 ms per denoising step,
     ragged 176.8 ms (jax 0.11.2's ragged_dot lowering is no grouped GEMM). 'tokamax' (its Mosaic GPU
     kernel) and 'capacity' have no GPU figure yet (issue #17), so 'auto' takes the measured best.

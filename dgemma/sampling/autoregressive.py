@@ -28,6 +28,7 @@ import numpy as np
 from flax import struct
 
 from dgemma.model import init_cache, sharding
+from dgemma.sampling import reductions
 from dgemma.sampling.noise import row_keys
 
 
@@ -67,7 +68,7 @@ def _ar_impl(model, max_new_tokens: int, temperature: float, pad_id: int, params
       step_keys = jax.vmap(lambda k: jax.random.fold_in(k, st.step))(keys_B)
       next_B = jax.vmap(jax.random.categorical)(step_keys, logits_BV / temperature)
     else:
-      next_B = jnp.argmax(logits_BV, axis=-1)
+      next_B = reductions.argmax(logits_BV)
     next_B = next_B.astype(jnp.int32)
     out_B = jnp.where(st.ended_B, pad_id, next_B)
     tokens_BN = jax.lax.dynamic_update_slice_in_dim(st.tokens_BN, out_B[:, None], st.step, axis=1)

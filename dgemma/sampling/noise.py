@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from dgemma.sampling import reductions
+
 _INIT, _SAMPLE, _RENOISE = 0, 1, 2
 
 
@@ -118,7 +120,7 @@ class FixedNoise:
 
   def sample(self, canvas_idx, step, logits_BCV: jax.Array) -> jax.Array:
     logp_BCV = jnp.log(jax.nn.softmax(logits_BCV.astype(jnp.float32), axis=-1))
-    return jnp.argmax(logp_BCV + self.gumbel_NSBCV[canvas_idx, step], axis=-1).astype(jnp.int32)
+    return reductions.argmax(logp_BCV + self.gumbel_NSBCV[canvas_idx, step])
 
   def renoise(self, canvas_idx, step, canvas_len: int, vocab_size: int) -> jax.Array:
     del canvas_len, vocab_size

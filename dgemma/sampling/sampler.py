@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dgemma.sampling import live, rules
+from dgemma.sampling import live, reductions, rules
 from dgemma.sampling.config import SamplerConfig
 from dgemma.sampling.rules import KINDS
 
@@ -146,7 +146,7 @@ def _denoise_step(state: DenoiseState, *, decode_fn: DecodeFn, sc_signal_fn: Cal
   else:
     step_BCV = rules.shape_logits(kind.x0_logits(logits_BCV, state, cfg, s) / temperature, cfg)
     proc_BCV = rules.shape_logits(logits_BCV / temperature, cfg) if cfg.self_conditioning else step_BCV
-  argmax_BC = jnp.argmax(step_BCV, axis=-1).astype(jnp.int32)
+  argmax_BC = reductions.argmax(step_BCV)
   canvas_BC, held_BC, accepted_BC, shown_BC, sampled_BC, argmax_BC, ent_BC = kind.step(
       state, cfg, noise, canvas_idx, s, step_BCV, argmax_BC, fixed_BC, fixed_mask_BC)
 

@@ -182,41 +182,42 @@ def test_moe_aux_only_when_enabled():
   assert float(aux["router_z_loss"]) > 0
 
 
-def test_capacity_slabs_equal_dense_and_fall_back_to_ragged_on_overflow():
-  """moe_impl='capacity' (experts_capacity): balanced routing stays in the slabs and matches the dense
-  reference; routing that overloads an expert would lose pairs in the slabs (fallback=False shows it)
-  and is exact through the ragged fallback. Gradients too."""
-  from dgemma.model.moe import expert_capacity, experts_capacity, experts_dense
+def test_capacity_ladder_equals_dense_at_every_rung():
+  """moe_impl='capacity' (experts_capacity): the slab size is the smallest rung of the ladder that holds
+  the busiest expert; whichever rung runs, the result matches the dense reference, and the first rung alone
+  (ladder=False) loses the overflowing pairs, so the ladder is what makes it dropless. Gradients too."""
+  from dgemma.model.moe import capacity_rung, capacity_rungs, expert_capacity, experts_capacity, experts_dense
   T_, E, k, D, F = 32, 4, 2, 8, 16
-  C = expert_capacity(T_, k, E, 1.0)
-  assert C == 16 < T_ and expert_capacity(T_, k, E, 4.0) == T_ and expert_capacity(3, 2, 4, 1.0) == 3
+  assert expert_capacity(T_, k, E, 1.0) == 16 and expert_capacity(3, 2, 4, 1.0) == 3
+  rungs = capacity_rungs(T_, k, E, 0.5)  # mean load 16: 8, then doubling to T
+  assert rungs == (8, 16, 32) and capacity_rungs(T_, k, E, 4.0) == (32,) and capacity_rungs(T_, k, E, 1.5) == (24, 32)
+  assert capacity_rungs(2048, 2, 8, 1.5) == (768, 1536, 2048)
+  for loads, want in (([8, 8, 8, 8], 0), ([9, 7, 8, 8], 1), ([16, 16, 0, 0], 1), ([17, 15, 0, 0], 2), ([32, 0, 0, 0], 2)):
+    assert int(capacity_rung(jnp.asarray(loads), rungs)) == want, loads
   g = np.random.default_rng(3)
   x = jnp.asarray(g.normal(size=(T_, D)), jnp.float32)
   gate, up = (jnp.asarray(g.normal(0, 0.3, (E, D, F)), jnp.float32) for _ in range(2))
   down = jnp.asarray(g.normal(0, 0.3, (E, F, D)), jnp.float32)
   w = jnp.asarray(g.uniform(0.1, 1.0, (T_, k)), jnp.float32)
   t = np.arange(T_)
-  balanced = jnp.asarray(np.stack([t % E, (t + 1) % E], 1), jnp.int32)        # 16 pairs per expert
+  balanced = jnp.asarray(np.stack([t % E, (t + 1) % E], 1), jnp.int32)        # 16 pairs per expert: rung 1
   skewed = jnp.asarray(np.stack([np.where(t < 24, 0, t % E), np.where(t < 24, 1 + t % 3, (t + 1) % E)], 1),
-                       jnp.int32)                                                # expert 0: 24 + pairs
-  assert np.bincount(np.asarray(balanced).ravel()).max() == C
-  assert np.bincount(np.asarray(skewed).ravel()).max() > C
+                       jnp.int32)                                                # expert 0: 24 + pairs: rung 2
+  for idx, rung in ((balanced, 1), (skewed, 2)):
+    assert int(capacity_rung(jnp.bincount(idx.ravel(), length=E), rungs)) == rung
 
   def fn(impl, idx, **kw):
     if impl == "dense":
       return jax.jit(lambda x, gt, u, d, w: experts_dense(x, gt, u, d, w, idx, jnp.float32))
-    return jax.jit(lambda x, gt, u, d, w: experts_capacity(x, gt, u, d, w, idx, jnp.float32, 1.0, **kw))
+    return jax.jit(lambda x, gt, u, d, w: experts_capacity(x, gt, u, d, w, idx, jnp.float32, 0.5, **kw))
 
   args = (x, gate, up, down, w)
   for idx in (balanced, skewed):
     ref = fn("dense", idx)(*args)
     tol = 50 * EPS32 * np.abs(ref).max()  # two fp32 implementations (see test_ragged_equals_dense...)
     np.testing.assert_allclose(fn("capacity", idx)(*args), ref, rtol=0, atol=tol)
-    slabs_only = fn("capacity", idx, fallback=False)(*args)
-    if idx is balanced:
-      np.testing.assert_allclose(slabs_only, ref, rtol=0, atol=tol)
-    else:  # the overflowing pairs are missing from the slab-only result
-      assert float(jnp.abs(slabs_only - ref).max()) > 1e-2
+    first_rung_only = fn("capacity", idx, ladder=False)(*args)  # 8 rows per expert: pairs are dropped
+    assert float(jnp.abs(first_rung_only - ref).max()) > 1e-2
     proj = jnp.asarray(g.normal(size=(T_, D)), jnp.float32)
     grad = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(f(*a) * proj), argnums=(0, 1, 2, 3, 4)))(*args)
     for u, v in zip(grad(fn("capacity", idx)), grad(fn("dense", idx))):  # per input: 50 eps * max|grad|
@@ -225,7 +226,7 @@ def test_capacity_slabs_equal_dense_and_fall_back_to_ragged_on_overflow():
 
 def test_capacity_impl_in_the_moe_layer():
   """MoE(cfg) with moe_impl='capacity' at factors whose slabs hold every token (C = T) and fewer
-  (C < T, the cond between slabs and ragged) gives the per-expert loop's numbers."""
+  (C < T, the switch over the ladder's rungs) gives the per-expert loop's numbers."""
   from dgemma.model.moe import expert_capacity
   x, xn = _inputs(_cfg())
   valid = jnp.ones((B, T), bool)
