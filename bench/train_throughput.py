@@ -29,15 +29,20 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Experime
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")
 
 
-def matmul_gflops(n: int = 2048, reps: int = 10) -> float:
+def matmul_gflops(n: int = 2048, reps: int = 10, trials: int = 5) -> float:
+  """The best of `trials` timings of `reps` f32 n^3 matmuls: the machine's practical peak. (One timing moved
+  by 1.4x between two runs on a quiet machine; the best of several is stable to a few percent.)"""
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
-  t = time.perf_counter()
-  for _ in range(reps):
-    out = f(a)
-  out.block_until_ready()
-  return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+  best = 0.0
+  for _ in range(trials):
+    t = time.perf_counter()
+    for _ in range(reps):
+      out = f(a)
+    out.block_until_ready()
+    best = max(best, 2 * n**3 * reps / (time.perf_counter() - t) / 1e9)
+  return best
 
 
 def main(argv):

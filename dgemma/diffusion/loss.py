@@ -51,6 +51,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from dgemma import reductions
 from dgemma.diffusion import objectives, relaxation, schedules
 from dgemma.diffusion.corruption import corrupt_rows, split_context_canvas
 from dgemma.model import ModelConfig, Transformer, init_cache
@@ -60,7 +61,7 @@ def masked_cross_entropy(logits_BNV: jax.Array, targets_BN: jax.Array, weights_B
   """Returns (sum of weighted CE, sum of weights, sum of weighted correct argmax), all fp32."""
   ce_BN = objectives.cross_entropy(logits_BNV, targets_BN)
   weights_BN = weights_BN.astype(jnp.float32)
-  correct_BN = (jnp.argmax(logits_BNV, axis=-1) == targets_BN).astype(jnp.float32)
+  correct_BN = (reductions.argmax(logits_BNV) == targets_BN).astype(jnp.float32)
   return jnp.sum(ce_BN * weights_BN), jnp.sum(weights_BN), jnp.sum(correct_BN * weights_BN)
 
 
@@ -311,7 +312,7 @@ def _ar_loss(apply, batch, model_cfg: ModelConfig, loss_cfg, totals, router_scal
                                     return_logits=True, method=Transformer.encode)
   w_BT = next_token_weights(batch["segment_ids"], target_mask(batch))
   ce_BT = objectives.cross_entropy(logits_BLV[:, :-1], batch["tokens"][:, 1:])
-  correct_BT = (jnp.argmax(logits_BLV[:, :-1], axis=-1) == batch["tokens"][:, 1:]).astype(jnp.float32)
+  correct_BT = (reductions.argmax(logits_BLV[:, :-1]) == batch["tokens"][:, 1:]).astype(jnp.float32)
   w_BT = w_BT.astype(jnp.float32)
   encoder_loss = jnp.sum(ce_BT * w_BT) / jnp.maximum(totals["encoder_tokens"], 1.0)
   C = loss_cfg.canvas_len

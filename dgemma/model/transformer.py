@@ -242,6 +242,27 @@ _REMAT_POLICIES = {
 }
 
 
+@jax.custom_vjp
+def tied_logits(x_BTD, table_VD):
+  """x @ table^T ("btd,vd->btv") whose backward forms the table's gradient as (x^T g)^T: XLA CPU then
+  transposes x and the [D, V] result, not the [B*T, V] logits gradient (docs/benchmarks.md, "Training")."""
+  return jnp.einsum("btd,vd->btv", x_BTD, table_VD)
+
+
+def _tied_logits_fwd(x_BTD, table_VD):
+  return tied_logits(x_BTD, table_VD), (x_BTD, table_VD)
+
+
+def _tied_logits_bwd(res, g_BTV):
+  x_BTD, table_VD = res
+  dx_BTD = jnp.einsum("btv,vd->btd", g_BTV, table_VD)
+  dtable_DV = jnp.einsum("btd,btv->dv", x_BTD, g_BTV)
+  return dx_BTD, dtable_DV.T
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+
+
 class Embedder(nn.Module):
   """Tied token table [V, D]: inputs scaled by sqrt(D) cast to the table dtype (HF
   `DiffusionGemmaTextScaledWordEmbedding`); logits = x @ table^T. The table may be a `qarray.QArray`
@@ -268,7 +289,9 @@ class Embedder(nn.Module):
 
   def attend(self, x_BTD):
     dtype = layers.compute_dtype(self.cfg)
-    return jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), qarray.dequantize(self.embedding, dtype))
+    if qarray.is_quantized(self.embedding):
+      return jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), qarray.dequantize(self.embedding, dtype))
+    return tied_logits(x_BTD.astype(dtype), self.embedding.astype(dtype))
 
 
 class SelfConditioning(nn.Module):

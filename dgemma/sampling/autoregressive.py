@@ -28,7 +28,7 @@ import numpy as np
 from flax import struct
 
 from dgemma.model import init_cache, sharding
-from dgemma.sampling import reductions
+from dgemma import reductions
 from dgemma.sampling.noise import row_keys
 
 

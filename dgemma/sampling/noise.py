@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dgemma.sampling import reductions
+from dgemma import reductions
 
 _INIT, _SAMPLE, _RENOISE = 0, 1, 2
 

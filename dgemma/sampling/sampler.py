@@ -50,7 +50,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dgemma.sampling import live, reductions, rules
+from dgemma import reductions
+from dgemma.sampling import live, rules
 from dgemma.sampling.config import SamplerConfig
 from dgemma.sampling.rules import KINDS
 

@@ -434,3 +434,36 @@ def test_ring_cache_equals_the_full_cache():
     wide_dec = np.asarray(Transformer(wide).apply({"params": params}, canvas, lengths[:, None] + np.arange(Cv)[None],
                                                   ones, cache, method="decode"))
   assert np.max(np.abs(wide_dec[0] - full[1][0])) > 1e-3
+
+
+def test_tied_logits_gradient_equals_the_einsum_gradient():
+  """transformer.tied_logits (x @ table^T with a hand-written backward that forms the table's gradient as
+  (x^T g)^T) gives the einsum's value and gradients: fp32 against the einsum's own autodiff in float64 on
+  the same fp32 inputs, within the fp32 error bound of each quantity (Higham: a length-n dot is off by at
+  most n u sum|terms|, u = eps / 2; here 4 n eps, and tanh within a few ulps), propagated through tanh."""
+  from dgemma.model.transformer import tied_logits
+  eps = float(np.finfo(np.float32).eps)
+  g = np.random.default_rng(0)
+  B, T, D, V = 2, 5, 16, 96
+  x = g.normal(size=(B, T, D)).astype(np.float32)
+  table = g.normal(size=(V, D)).astype(np.float32)
+  w = g.normal(size=(B, T, V)).astype(np.float32)  # a fixed weighting: loss = sum(w * tanh(logits))
+  loss = lambda f: (lambda x, t: jnp.sum(jnp.tanh(f(x, t)) * w))
+  val32, (dx32, dt32) = jax.jit(jax.value_and_grad(loss(tied_logits), argnums=(0, 1)))(x, table)
+  with jax.enable_x64(True):
+    x64, t64, w64 = (np.asarray(a, np.float64) for a in (x, table, w))
+    plain = lambda x, t: jnp.einsum("btd,vd->btv", x, t)
+    val64, (dx64, dt64) = jax.value_and_grad(lambda x, t: jnp.sum(jnp.tanh(plain(x, t)) * w64), argnums=(0, 1))(x64, t64)
+  th = np.tanh(np.einsum("btd,vd->btv", x64, t64))
+  gl = (1 - th ** 2) * w64                                            # d loss / d logits
+  err_l = 4 * D * eps * np.einsum("btd,vd->btv", np.abs(x64), np.abs(t64))  # fp32 logits
+  err_g = np.abs(w64) * (2 * np.abs(th) * err_l + 8 * eps)             # fp32 d loss / d logits
+  bound_dx = np.einsum("btv,vd->btd", err_g + 4 * V * eps * (np.abs(gl) + err_g), np.abs(t64))
+  bound_dt = np.einsum("btv,btd->vd", err_g + 4 * B * T * eps * (np.abs(gl) + err_g), np.abs(x64))
+  bound_val = np.sum(np.abs(w64) * (err_l + 4 * eps)) + 4 * B * T * V * eps * np.sum(np.abs(th * w64))
+  assert np.asarray(dx32).dtype == np.float32 and np.asarray(dt32).shape == (V, D)
+  assert np.all(np.abs(np.asarray(dx32) - np.asarray(dx64)) <= bound_dx)
+  assert np.all(np.abs(np.asarray(dt32) - np.asarray(dt64)) <= bound_dt)
+  assert abs(float(val32) - float(val64)) <= bound_val
+  # a wrong backward (the table's gradient left untransposed, or x's dropped) is far outside these bounds
+  assert np.abs(np.asarray(dt64)).max() > 100 * bound_dt.max()

@@ -1,4 +1,4 @@
-"""dgemma.sampling.reductions.argmax against jnp.argmax: same index everywhere, including ties inside and
+"""dgemma.reductions.argmax against jnp.argmax: same index everywhere, including ties inside and
 across blocks (the first maximum wins), NaN (the first NaN wins), -inf rows, bf16, and vocabularies that
 are not a multiple of the block (the plain argmax)."""
 
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dgemma.sampling import reductions
+from dgemma import reductions
 
 
 @pytest.mark.parametrize("V", [8192, 256, 384, 100, 128, 1000])
