@@ -68,8 +68,13 @@ class Router(nn.Module):
 # factors A [E, in, r], B [E, r, out]; each adds s (x A_e) B_e to expert e's projection.
 
 def experts_dense(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype, adapters=None):
-  """Reference: all experts for all tokens, combined with dense [T, E] weights."""
-  E = gate_EDF.shape[0]
+  """Reference: all experts for all tokens, as three plain matmuls over the E*F expert units: gate / up
+  x [T, D] @ [D, E*F]; the routing weights (dense [T, E], zero for unpicked experts) scale each expert's
+  hidden units; down [T, E*F] @ [E*F, D] sums the experts. sum_e w_te (h_te @ W_e) = (w h) @ W stacked,
+  so this is the per-expert combine, with 2-D matmuls whose gradients need no activation-sized
+  transposes on XLA CPU (docs/benchmarks.md, "Training")."""
+  E, D, F = gate_EDF.shape
+  T = x_TD.shape[0]
   adapters = adapters or {}
   x_TD = x_TD.astype(dtype)
 
@@ -77,19 +82,21 @@ def experts_dense(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype,
     lr = adapters[name]
     return jnp.einsum(eqn_b, jnp.einsum(eqn_a, h, lr.a.astype(dtype)), lr.b.astype(dtype)) * jnp.asarray(lr.scale, dtype)
 
-  g_TEF = jnp.einsum("td,edf->tef", x_TD, gate_EDF.astype(dtype))
-  u_TEF = jnp.einsum("td,edf->tef", x_TD, up_EDF.astype(dtype))
+  def in_proj(w_EDF):
+    return (x_TD @ w_EDF.astype(dtype).transpose(1, 0, 2).reshape(D, E * F)).reshape(T, E, F)
+
+  g_TEF, u_TEF = in_proj(gate_EDF), in_proj(up_EDF)
   if "gate_proj" in adapters:
     g_TEF = g_TEF + low_rank("gate_proj", "td,edr->ter", "ter,erf->tef", x_TD)
   if "up_proj" in adapters:
     u_TEF = u_TEF + low_rank("up_proj", "td,edr->ter", "ter,erf->tef", x_TD)
-  h_TEF = layers.gelu(g_TEF) * u_TEF
-  y_TED = jnp.einsum("tef,efd->ted", h_TEF, down_EFD.astype(dtype))
-  if "down_proj" in adapters:
-    y_TED = y_TED + low_rank("down_proj", "tef,efr->ter", "ter,erd->ted", h_TEF)
   f32 = layers.at_least_f32(dtype)
   comb_TE = jnp.sum(jax.nn.one_hot(index_Tk, E, dtype=f32) * weights_Tk[..., None], axis=1)
-  return jnp.einsum("te,ted->td", comb_TE, y_TED.astype(f32)).astype(dtype)
+  h_TEF = (layers.gelu(g_TEF) * u_TEF * comb_TE[:, :, None].astype(dtype))
+  y_TD = h_TEF.reshape(T, E * F) @ down_EFD.astype(dtype).reshape(E * F, D)
+  if "down_proj" in adapters:
+    y_TD = y_TD + low_rank("down_proj", "tef,efr->ter", "ter,erd->td", h_TEF)
+  return y_TD.astype(dtype)
 
 
 def sort_by_expert(index_Tk, num_experts: int):
