@@ -20,8 +20,9 @@ BLOCK = 128
 def argmax(x_NV: jax.Array) -> jax.Array:
   """int32 index of the first maximum along the last axis (same result as `jnp.argmax(x, -1)`)."""
   V = x_NV.shape[-1]
+  plain = lambda x: jnp.argmax(x, axis=-1).astype(jnp.int32)
   if V % BLOCK or V <= BLOCK:
-    return jnp.argmax(x_NV, axis=-1).astype(jnp.int32)
+    return plain(x_NV)
 
   def two_stage(x_NV):
     x_NbK = x_NV.reshape(*x_NV.shape[:-1], V // BLOCK, BLOCK)
@@ -30,5 +31,4 @@ def argmax(x_NV: jax.Array) -> jax.Array:
     return (block_N * BLOCK + jnp.argmax(x_NK, axis=-1)).astype(jnp.int32)
 
   # XLA CPU's vectorised max does not propagate NaN, so an input with a NaN takes the one-stage argmax
-  plain = lambda x: jnp.argmax(x, axis=-1).astype(jnp.int32)
   return jax.lax.cond(jnp.any(jnp.isnan(x_NV)), plain, two_stage, x_NV)

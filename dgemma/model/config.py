@@ -42,8 +42,8 @@ class ModelConfig:
     moe_impl: 'auto' (the default: per platform at trace time from measured figures,
       dgemma.model.moe.resolve_impl), 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts,
       test reference), 'capacity' (per-expert slabs + batched matmuls, the slab size picked per call from
-      a ladder so none overflows; the fast one on CPU, docs/benchmarks.md), 'expert_parallel' (experts sharded over the mesh axis
-      'expert', all-to-all token exchange) or 'tokamax' (the ragged path on tokamax.ragged_dot: Pallas
+      a ladder so none overflows; the fast one on CPU, docs/benchmarks.md), 'expert_parallel' (experts
+      sharded over the mesh axis 'expert', all-to-all token exchange) or 'tokamax' (the ragged path on tokamax.ragged_dot: Pallas
       kernels on GPU / TPU, quantized experts fed to its quantized kernels; XLA on CPU).
     moe_capacity_factor: moe_impl='capacity': the smallest slab has this x the mean load T*k/E rows per
       expert; the larger ones double it up to T (dgemma.model.moe.capacity_rungs).

@@ -92,7 +92,7 @@ def experts_dense(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype,
     u_TEF = u_TEF + low_rank("up_proj", "td,edr->ter", "ter,erf->tef", x_TD)
   f32 = layers.at_least_f32(dtype)
   comb_TE = jnp.sum(jax.nn.one_hot(index_Tk, E, dtype=f32) * weights_Tk[..., None], axis=1)
-  h_TEF = (layers.gelu(g_TEF) * u_TEF * comb_TE[:, :, None].astype(dtype))
+  h_TEF = layers.gelu(g_TEF) * u_TEF * comb_TE[:, :, None].astype(dtype)
   y_TD = h_TEF.reshape(T, E * F) @ down_EFD.astype(dtype).reshape(E * F, D)
   if "down_proj" in adapters:
     y_TD = y_TD + low_rank("down_proj", "tef,efr->ter", "ter,erd->td", h_TEF)

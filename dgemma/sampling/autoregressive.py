@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from dgemma.model import init_cache, sharding
 from dgemma import reductions
+from dgemma.model import init_cache, sharding
 from dgemma.sampling.noise import row_keys
 
 
