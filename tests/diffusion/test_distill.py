@@ -95,6 +95,7 @@ def test_settings_refuse_a_distillation_without_teacher_or_of_another_kind():
     settings_lib.from_config(config)
   config.distill.teacher_steps = 64
   config.diffusion.objective = "ar"
+  config.diffusion.canvases_per_row = 1  # (an AR run has no canvases: that check would fire first)
   with pytest.raises(ConfigError, match=r"distill\.method.*uniform-state"):
     settings_lib.from_config(config)
   # the config file validates on its own (describing the demo) and names distill.method as a resume key
