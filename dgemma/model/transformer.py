@@ -289,9 +289,7 @@ class Embedder(nn.Module):
 
   def attend(self, x_BTD):
     dtype = layers.compute_dtype(self.cfg)
-    if qarray.is_quantized(self.embedding):
-      return jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), qarray.dequantize(self.embedding, dtype))
-    return tied_logits(x_BTD.astype(dtype), self.embedding.astype(dtype))
+    return tied_logits(x_BTD.astype(dtype), qarray.dequantize(self.embedding, dtype))
 
 
 class SelfConditioning(nn.Module):
