@@ -717,3 +717,39 @@ def architecture_differences(saved: ml_collections.ConfigDict, new: ml_collectio
     if a != b:
       diffs.append(f"{dotted}: {a!r} -> {b!r}")
   return diffs
+
+
+# The keys of a run's config that change what it trains. Changing one on resume is allowed (a researcher extends
+# train.num_steps or lowers opt.lr), but it is listed; `training_differences` names them. Everything else is
+# bookkeeping or inference (train.log_every, sample.*, eval.*, mesh.*: where the run writes, samples or lays out
+# its arrays) and the architecture keys, which `architecture_differences` refuses outright.
+TRAINING_GROUPS = ("seed", "data", "diffusion", "distill", "opt", "train", "finetune")
+TRAINING_MODEL_FIELDS = ("dtype", "param_dtype", "router_aux_loss_weight", "router_z_loss_weight")
+NON_TRAINING_KEYS = frozenset((
+    "data.cache_dir", "finetune.save_adapter", "opt.grad_accum_steps",  # the same update (optimizer docstring)
+    "train.log_every", "train.eval_every", "train.eval_batches", "train.ckpt_every", "train.keep_checkpoints",
+    "train.async_checkpointing", "train.progress_bar", "train.init_from",  # read only by a fresh run
+    "train.nonfinite", "train.max_nonfinite_skips", "train.restore_step", "train.on_corrupt_checkpoint"))
+
+
+def _leaves(value, prefix: str) -> dict:
+  if isinstance(value, (ml_collections.ConfigDict, dict)):
+    out = {}
+    for key in value.keys():
+      out.update(_leaves(value[key], f"{prefix}.{key}" if prefix else key))
+    return out
+  return {prefix: _tuple(value) if isinstance(value, (list, tuple)) else value}
+
+
+def training_differences(saved: ml_collections.ConfigDict, new: ml_collections.ConfigDict) -> list[str]:
+  """'key: saved -> new' for every key that changes what a run trains (TRAINING_GROUPS, the model's
+  TRAINING_MODEL_FIELDS), other than the architecture keys of `architecture_differences`."""
+  structural = {d.split(":")[0] for d in architecture_differences(saved, new)}
+  a, b = {}, {}
+  for group in TRAINING_GROUPS:
+    a.update(_leaves(saved[group], group))
+    b.update(_leaves(new[group], group))
+  for field in TRAINING_MODEL_FIELDS:
+    a[f"model.{field}"], b[f"model.{field}"] = saved.model.get(field), new.model.get(field)
+  return [f"{key}: {a.get(key)!r} -> {b.get(key)!r}" for key in sorted(set(a) | set(b))
+          if key not in NON_TRAINING_KEYS and key not in structural and a.get(key) != b.get(key)]

@@ -47,6 +47,22 @@ def test_settings_are_typed_frozen_and_round_trip(tiny_config):
   assert again == settings  # config.json holds everything the settings came from
 
 
+def test_training_differences_name_what_changes_training_and_nothing_else(tiny_config):
+  saved = settings_lib.from_json(settings_lib.from_config(tiny_config).config_json)  # lists, as on disk
+  assert settings_lib.training_differences(saved, tiny_config) == []  # the json round trip changes nothing
+  new = settings_lib.from_json(settings_lib.from_config(tiny_config).config_json)
+  new.train.log_every, new.sample.num_samples, new.eval.split = 7, 3, "train"  # bookkeeping and inference
+  new.model.moe_impl, new.mesh.shape.data = "dense", 2
+  assert settings_lib.training_differences(saved, new) == []
+  new.diffusion.canvases_per_row, new.seed, new.model.router_aux_loss_weight = 2, 5, 0.5
+  new.data.files = ("a.txt", "b.txt")
+  assert settings_lib.training_differences(saved, new) == [
+      f"data.files: {tuple(saved.data.files)!r} -> ('a.txt', 'b.txt')", "diffusion.canvases_per_row: 1 -> 2",
+      f"model.router_aux_loss_weight: {saved.model.router_aux_loss_weight!r} -> 0.5", "seed: 0 -> 5"]
+  new.model.d_model = 2 * saved.model.d_model  # architecture: refused by architecture_differences, not listed here
+  assert not any(d.startswith("model.d_model") for d in settings_lib.training_differences(saved, new))
+
+
 @pytest.mark.parametrize("preset", [tiny, small, diffusiongemma_26b_a4b])
 def test_presets_build(preset):
   cfg = ModelConfig.from_config_dict(preset.get_config())

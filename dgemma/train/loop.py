@@ -8,7 +8,10 @@ Safety, in order (docs/reliability.md):
      run that fails validation leaves nothing behind.
   2. Re-running a workdir resumes it. A config whose architecture, fine-tuning layout, optimizer state or
      tokenizer differs from the saved config.json is an error listing the keys, before anything is written;
-     config.json is replaced (atomically) only once the restore has succeeded.
+     config.json is replaced (atomically) only once the restore has succeeded. Other training keys
+     (settings.training_differences: opt.lr, train.num_steps, data.*, diffusion.*) may change on resume; each
+     such resume is logged and recorded in WORKDIR/config_changes.jsonl. A finished run with changed
+     training keys is an error: nothing would train with them.
   3. A checkpoint that cannot be read is named (step and file). With train.on_corrupt_checkpoint='fallback'
      (default) it is moved to WORKDIR/corrupt/ (never deleted) and the previous complete step is restored.
   4. metrics.jsonl drops the rows past the restored step, so a resumed step never has two train rows.
@@ -20,6 +23,7 @@ Safety, in order (docs/reliability.md):
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import time
@@ -44,6 +48,8 @@ from dgemma.diffusion import distill as distill_lib
 from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged
 from dgemma.train import evaluate, metrics as metrics_lib, optimizer as optimizer_lib, state as state_lib, step as step_lib
 
+CONFIG_CHANGES_FILE = "config_changes.jsonl"  # WORKDIR/: {"step", "changes"} per resume with changed training keys
+
 
 def prepare_data(settings):
   """Builds the dataset and tokenizer once (process 0 first on multi-host runs), then opens them."""
@@ -54,15 +60,34 @@ def prepare_data(settings):
   return data_lib.prepare(settings)
 
 
-def check_resume(workdir: Path, config: ml_collections.ConfigDict) -> None:
-  """Re-running a workdir must keep what its checkpoints were saved with (module docstring, 2)."""
+def check_resume(workdir: Path, config: ml_collections.ConfigDict) -> list[str]:
+  """Re-running a workdir must keep what its checkpoints were saved with (module docstring, 2). Returns the
+  training keys that change on this resume ('key: saved -> new'); a finished run cannot take any."""
   if not workdir_ckpt.is_workdir(workdir) or not workdir_ckpt.steps(workdir):
-    return
+    return []
   saved = settings_lib.from_json(workdir_ckpt.read_config_json(workdir))
   diffs = settings_lib.architecture_differences(saved, config)
   if diffs:
     raise ConfigError(f"--workdir: {workdir} holds checkpoints of another setup, so it cannot resume with this "
                       f"config (saved -> new): {'; '.join(diffs)}. Use a new --workdir, or the saved settings")
+  changes = settings_lib.training_differences(saved, config)
+  resume_step = config.train.restore_step if config.train.restore_step >= 0 else workdir_ckpt.steps(workdir)[-1]
+  if changes and resume_step >= config.train.num_steps:
+    raise ConfigError(f"--workdir: the run in {workdir} is finished (step {resume_step}, train.num_steps="
+                      f"{config.train.num_steps}) and was trained with other settings (saved -> new): "
+                      f"{'; '.join(changes)}. Nothing would train with them, and what the workdir holds is the "
+                      "saved run's model. Use a new --workdir, or raise train.num_steps to train on with them")
+  if changes:
+    logging.warning("Resuming %s from step %d with changed training settings (saved -> new; recorded in %s): %s",
+                    workdir, resume_step, CONFIG_CHANGES_FILE, "; ".join(changes))
+  return changes
+
+
+def _record_config_changes(workdir: Path, step: int, changes: list[str]) -> None:
+  """One row per resume that changed training keys: config.json then holds only the latest settings."""
+  if changes and jax.process_index() == 0:
+    with open(workdir / CONFIG_CHANGES_FILE, "a", encoding="utf-8") as f:
+      f.write(json.dumps({"step": step, "changes": changes}) + "\n")
 
 
 def _copy_tokenizer(workdir: Path, tokenizer) -> None:
@@ -116,7 +141,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   quiet_orbax()
   settings = settings_lib.from_config(config)  # bad config -> one clear error, before any work
   workdir_path = Path(workdir)
-  check_resume(workdir_path, config)
+  config_changes = check_resume(workdir_path, config)
   if settings.train.init_from:
     state_lib.check_init_from(settings.train.init_from, settings.model)
   mesh = mesh_lib.make_mesh(settings.mesh.shape)
@@ -128,10 +153,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                       f"vocabulary ({prepared.tokenizer.vocab_size})")
   workdir_path.mkdir(parents=True, exist_ok=True)
   with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):  # activation constraints apply inside
-    return _train(settings, workdir_path, mesh, prepared, stop_after_steps)
+    return _train(settings, workdir_path, mesh, prepared, stop_after_steps, config_changes)
 
 
-def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optional[int]) -> state_lib.TrainState:
+def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optional[int],
+           config_changes: list[str]) -> state_lib.TrainState:
   model_cfg, train_cfg = settings.model, settings.train
   _copy_tokenizer(workdir_path, prepared.tokenizer)
   num_steps = train_cfg.num_steps
@@ -164,6 +190,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
     state = state_lib.with_teacher(state, state_lib.copy_params(state.params, state_shardings.params))
   if jax.process_index() == 0:  # only now: a failed restore leaves the saved config as it was
     workdir_ckpt.write_config_json(workdir_path, settings.config_json)
+    if restored_step is not None:
+      _record_config_changes(workdir_path, restored_step, config_changes)
   writer = metrics_lib.MetricWriter(workdir_path)
   writer.truncate_after(restored_step or 0)
 

@@ -157,6 +157,15 @@ def test_resume_with_another_architecture_is_refused_before_writing(tiny_config,
     loop.train_and_evaluate(config, str(wd))
   assert {p.name: p.read_bytes() for p in (wd / "config.json", wd / "metrics.jsonl")} == before
   assert dgemma.load(str(wd)).step == 2  # the original run still samples
+  # The architecture back, a training key changed: the run is finished, so nothing would train with it and
+  # the workdir would silently hand back the saved run's model. Refused, naming the key and the way on.
+  config.model.d_model, config.finetune.freeze_router = 64, False
+  config.opt.lr = config.opt.lr * 2
+  with pytest.raises(ConfigError, match=r"is finished \(step 2, train\.num_steps=2\).*opt\.lr: .* -> .*"
+                                        r"raise train\.num_steps"):
+    loop.train_and_evaluate(config, str(wd))
+  assert {p.name: p.read_bytes() for p in (wd / "config.json", wd / "metrics.jsonl")} == before
+  assert not (wd / loop.CONFIG_CHANGES_FILE).exists()
 
 
 @pytest.mark.slow  # several whole training runs with checkpoints (the loop end to end)
@@ -172,9 +181,14 @@ def test_resume_replaces_config_json_only_after_a_good_restore(tiny_config, tmp_
   with pytest.raises(CheckpointError, match="disk gone"):
     loop.train_and_evaluate(config, str(wd))
   assert (wd / "config.json").read_text() == saved
+  assert not (wd / loop.CONFIG_CHANGES_FILE).exists()
   monkeypatch.undo()
   loop.train_and_evaluate(config, str(wd))
   assert json.loads((wd / "config.json").read_text())["train"]["num_steps"] == 4
+  # config.json now holds only the new settings; the resume's changes are on record.
+  rows = [json.loads(line) for line in (wd / loop.CONFIG_CHANGES_FILE).read_text().splitlines()]
+  assert [r["step"] for r in rows] == [2]
+  assert [c.split(":")[0] for c in rows[0]["changes"]] == ["opt.lr", "train.num_steps"]
 
 
 def _trained(config, wd, steps=6, every=2, stop_after=None):
