@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from absl import app, flags
 
+from bench.timing import host_cpu
 from dgemma.checkpoints.hf import load_hf_checkpoint
 from dgemma.model import Transformer
 from dgemma.sampling import SamplerConfig, generate
@@ -148,6 +149,7 @@ def main(argv):
 
   steps = S * K
   print(f"command: {' '.join(sys.argv)}")
+  print(f"cpu: {host_cpu()}")
   print(f"model: d=256, 6 layers (5 sliding + 1 global), 8 experts top-2, vocab 8192, canvas {CANVAS}; "
         f"float32; prompt {prompt.shape[1]} tokens; {K} canvas(es) x {S} steps = {steps} decoder passes, "
         f"{N} tokens; torch {torch.__version__} threads={torch.get_num_threads()}, jax {jax.__version__} "

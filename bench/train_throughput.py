@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
+from bench.timing import host_cpu
 from dgemma import data, mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.model import count_params
@@ -82,6 +83,7 @@ def main(argv):
     model_flops = rows * (6 * active * (config.data.seq_len - d.canvas_len + canvas_tokens) + sc * active * canvas_tokens)
   model_gflops = model_flops / sec_per_step / 1e9
   peak = matmul_gflops()
+  print(f"cpu: {host_cpu()}")
   print(f"config: {config.model.get('preset', '?')}  params total={total/1e6:.2f}M active={active/1e6:.2f}M  "
         f"batch={config.data.batch_size}x{config.data.seq_len}")
   print(f"compile (first step): {compile_s:.1f} s")
