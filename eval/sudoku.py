@@ -36,7 +36,8 @@ Metrics (every puzzle counts; a prediction with a non-digit or a missing cell is
   solve_rate     fraction of puzzles whose prediction is a valid grid (every row, column and box holds
                  1..9) that keeps every given (`dgemma.data.sudoku.is_solution`);
   cell_accuracy  fraction of all 81 x N cells equal to the reference solution;
-  blank_accuracy the same over the puzzles' blank cells only.
+  blank_accuracy the same over the puzzles' blank cells only;
+  solve_rate_by_blanks  {"30-34": {"puzzles", "solve_rate"}, ...}: the solve rate within bands of 5 blanks.
 Predictions go to `--predictions` (default <checkpoint>/sudoku_predictions_<variant>.jsonl), one JSON
 object per puzzle, and the metrics to the same path with `.metrics.json`; both are written atomically.
 """
@@ -77,6 +78,7 @@ def score(puzzles: Sequence[str], solutions: Sequence[str], predictions: Sequenc
   """(metrics, per-puzzle records) of decoded predictions against the reference solutions."""
   records = []
   solved = cells = blanks = blank_hits = 0
+  by_band = {}  # 5 * (blanks // 5) -> [puzzles, solved]
   for puzzle_text, solution_text, text in zip(puzzles, solutions, predictions, strict=True):
     puzzle, solution = sudoku.parse_grid(puzzle_text), sudoku.parse_grid(solution_text)
     pred = prediction_grid(text)
@@ -87,11 +89,16 @@ def score(puzzles: Sequence[str], solutions: Sequence[str], predictions: Sequenc
     cells += int(correct_81.sum())
     blanks += int(is_blank.sum())
     blank_hits += int((correct_81 & is_blank).sum())
+    band = by_band.setdefault(5 * (int(is_blank.sum()) // 5), [0, 0])
+    band[0] += 1
+    band[1] += bool(ok)
     records.append(dict(puzzle=puzzle_text, solution=solution_text, prediction=text, solved=bool(ok),
                         cells_correct=int(correct_81.sum()), givens_kept=bool((pred[~is_blank] == puzzle[~is_blank]).all())))
   n = len(records)
   metrics = dict(num_puzzles=n, solve_rate=solved / max(n, 1), cell_accuracy=cells / max(n * sudoku.NUM_CELLS, 1),
-                 blank_accuracy=blank_hits / max(blanks, 1))
+                 blank_accuracy=blank_hits / max(blanks, 1),
+                 solve_rate_by_blanks={f"{lo}-{lo + 4}": dict(puzzles=n_band, solve_rate=s_band / n_band)
+                                       for lo, (n_band, s_band) in sorted(by_band.items())})
   return metrics, records
 
 
@@ -297,6 +304,8 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
   print_fn(f"{variant} (step {model.step}): solve rate {metrics['solve_rate']:.4f}, cell accuracy "
            f"{metrics['cell_accuracy']:.4f}, blank accuracy {metrics['blank_accuracy']:.4f} on {len(rows)} puzzles "
            f"({seconds:.1f}s); predictions -> {out}")
+  print_fn("  solve rate by blanks: " + ", ".join(f"{band} {v['solve_rate']:.3f} ({v['puzzles']})"
+                                                 for band, v in metrics["solve_rate_by_blanks"].items()))
   return metrics
 
 
