@@ -80,6 +80,17 @@ class _SubprocessInFastTest(AssertionError):
   pass
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _matplotlib_font_list():
+  """matplotlib lists the system fonts on its first import in a process without a cache (~/.cache/matplotlib),
+  with `fc-list` in a subprocess. On a fresh machine that first import would be whichever test plots first,
+  and in the fast tier the guard below refuses the subprocess. Listing them here, before any test, keeps the
+  plotting tests' outcome independent of the machine's history and of the test order."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.font_manager  # noqa: F401  (builds the font list, or reads the cache)
+
+
 @pytest.fixture(autouse=True)
 def _fast_tier_guard(request, monkeypatch):
   if request.node.get_closest_marker("slow") is not None:
