@@ -84,8 +84,9 @@ def check_resume(workdir: Path, config: ml_collections.ConfigDict) -> list[str]:
 
 
 def _record_config_changes(workdir: Path, step: int, changes: list[str]) -> None:
-  """One row per resume that changed training keys: config.json then holds only the latest settings."""
-  if changes and jax.process_index() == 0:
+  """One row per resume that changed training keys: config.json then holds only the latest settings
+  (process 0 writes it)."""
+  if changes:
     with open(workdir / CONFIG_CHANGES_FILE, "a", encoding="utf-8") as f:
       f.write(json.dumps({"step": step, "changes": changes}) + "\n")
 
