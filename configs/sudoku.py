@@ -15,7 +15,7 @@ cells are mostly visibly "not a digit" (close to masking), while the released sa
 look the same way: the model learns to fill exactly the cells it cannot see.
 Model: 4 layers, d_model 128, dense MLP (no MoE experts) and no self-conditioning: sized for a 2-core CPU
 (measured 1.9 s per step of 32 rows on both cores, 2.3 s on one: docs/results.md#sudoku-benchmark; 0.56 s
-on both cores of a Zen 5 host since layers.matmul_last).
+on both cores of a Zen 5 host since layers.matmul_last; 0.55 s on a Zen 4 host with the layers unrolled).
 Every layer is a 'sliding' layer whose window (256) covers the whole 163-token row, i.e. full attention
 with full RoPE (base 1e4) everywhere: Gemma's 'global' layers rotate only a quarter of their head
 dimensions at base 1e6 (nearly position-blind), while a Sudoku cell must find its row, column and box
@@ -26,7 +26,9 @@ is stable and confident; max_new_tokens = 81 = one canvas.
 Same model size as the autoregressive baseline configs/sudoku_ar.py.
 Measured (docs/results.md#sudoku-benchmark, 500 held-out puzzles, one sample): 22% solved after one hour
 (1,500 steps on one core), 41% after 2,400 steps, 48% after 4,900; on a Zen 5 host with both cores
-(0.56 s per step), 61% after 5,500 steps in 52 minutes (--config.train.num_steps=5500). Turning self-conditioning on
+(0.56 s per step), 61% after 5,500 steps in 52 minutes (--config.train.num_steps=5500); with the layers unrolled
+(scan_layers=False, below) a Zen 4 host ran 5,800 steps in 59 minutes and solved 51%: one-hour runs spread
+this widely from their initial weights alone (docs/results.md, "A second hour"). Turning self-conditioning on
 (--config.model.self_conditioning=True) or holding the givens (--config.data.sudoku.infill_givens=True)
 did worse in the same hour (10% and 0%).
 """
@@ -53,6 +55,10 @@ def get_config():
       mlp_hidden=512,
       num_experts=0,             # dense MLP only: the smallest program for a 2-core CPU
       self_conditioning=False,   # no second decoder pass in training (half the canvas compute)
+      # One block of 4 layers, not nn.scan over 4 stacked copies of one: XLA's CPU while loop slices the
+      # stacked weights and writes the saved activations and gradients back per iteration (0.72x the step
+      # time unrolled, bench/train_ab.py in docs/benchmarks.md).
+      scan_layers=False,
   ))
   config.data.source = "sudoku"
   config.data.tokenizer.kind = "byte"

@@ -47,7 +47,10 @@ class ModelConfig:
       kernels on GPU / TPU, quantized experts fed to its quantized kernels; XLA on CPU).
     moe_capacity_factor: moe_impl='capacity': the smallest slab has this x the mean load T*k/E rows per
       expert; the larger ones double it up to T (dgemma.model.moe.capacity_rungs).
-    scan_layers: apply repeated layer-pattern blocks with `nn.scan` over stacked weights.
+    scan_layers: apply repeated layer-pattern blocks with `nn.scan` over stacked weights (smaller programs,
+      faster compiles); False makes the whole stack one unrolled block. On CPU a scan over several blocks
+      costs per-iteration weight slices and activation write-backs: 0.72x the Sudoku step unrolled
+      (docs/benchmarks.md, "Training"). The parameter tree differs, so a checkpoint keeps its own.
     remat: rematerialisation policy name for each block ('none', 'full', 'dots').
     dtype / param_dtype: compute and storage dtypes ('float32', 'bfloat16'; 'float64' for numerical
       tests under `jax.enable_x64(True)`).

@@ -242,25 +242,11 @@ _REMAT_POLICIES = {
 }
 
 
-@jax.custom_vjp
 def tied_logits(x_BTD, table_VD):
-  """x @ table^T ("btd,vd->btv") whose backward forms the table's gradient as (x^T g)^T: XLA CPU then
-  transposes x and the [D, V] result, not the [B*T, V] logits gradient (docs/benchmarks.md, "Training")."""
-  return jnp.einsum("btd,vd->btv", x_BTD, table_VD)
-
-
-def _tied_logits_fwd(x_BTD, table_VD):
-  return tied_logits(x_BTD, table_VD), (x_BTD, table_VD)
-
-
-def _tied_logits_bwd(res, g_BTV):
-  x_BTD, table_VD = res
-  dx_BTD = jnp.einsum("btv,vd->btd", g_BTV, table_VD)
-  dtable_DV = jnp.einsum("btd,btv->dv", x_BTD, g_BTV)
-  return dx_BTD, dtable_DV.T
-
-
-tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
+  """x @ table^T ("btd,vd->btv") as `layers.matmul_last(x, table^T)`: its backward forms the [D, V] gradient
+  as x^T g (D < V) and transposes that, so XLA CPU transposes x and the [D, V] result rather than the
+  [B*T, V] logits gradient (docs/benchmarks.md, "Training")."""
+  return layers.matmul_last(x_BTD, table_VD.T)
 
 
 class Embedder(nn.Module):

@@ -437,8 +437,8 @@ def test_ring_cache_equals_the_full_cache():
 
 
 def test_tied_logits_gradient_equals_the_einsum_gradient():
-  """transformer.tied_logits (x @ table^T with a hand-written backward that forms the table's gradient as
-  (x^T g)^T) gives the einsum's value and gradients: fp32 against the einsum's own autodiff in float64 on
+  """transformer.tied_logits (x @ table^T through layers.matmul_last, whose backward forms the table's gradient
+  as (x^T g)^T) gives the einsum's value and gradients: fp32 against the einsum's own autodiff in float64 on
   the same fp32 inputs, within the fp32 error bound of each quantity (Higham: a length-n dot is off by at
   most n u sum|terms|, u = eps / 2; here 4 n eps, and tanh within a few ulps), propagated through tanh."""
   from dgemma.model.transformer import tied_logits
