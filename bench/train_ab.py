@@ -27,9 +27,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from bench.timing import host_cpu
-from dgemma import data, mesh as mesh_lib
+from bench.train_setup import train_step_inputs
 from dgemma import settings as settings_lib
-from dgemma.train import optimizer as optimizer_lib, state as state_lib, step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Experiment config (the common base).")
 _VARIANTS = flags.DEFINE_multi_string("variant", [], "NAME:KEY=VALUE[,KEY=VALUE...] (at least two).")
@@ -74,20 +73,11 @@ def parse_variant(spec: str) -> tuple[str, dict]:
 
 
 class Variant:
-  """One compiled train step with its own state, fed the common batch."""
+  """One compiled train step with its own state and its config's first training batch."""
 
   def __init__(self, name: str, settings):
     self.name = name
-    mesh = mesh_lib.make_mesh(settings.mesh.shape)
-    optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
-    self.step = jax.jit(step_lib.make_train_step(settings.model, settings.diffusion, optimizer,
-                                                 optimizer_lib.make_schedule(settings.opt, 10)),
-                        donate_argnums=(0,))
-    prepared = data.prepare(settings)
-    self.batch = jax.device_put(next(data.make_iterator(settings, prepared, "train")))
-    self.state, _ = state_lib.create_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer,
-                                                 jax.random.PRNGKey(0))
-    self.rng = jax.random.PRNGKey(1)
+    self.step, self.state, self.batch, self.rng = train_step_inputs(settings)
     t0 = time.perf_counter()
     self.state, metrics = self.step(self.state, self.batch, self.rng)
     self.first_loss = float(metrics["loss"])
@@ -111,10 +101,10 @@ def main(argv):
     raise app.UsageError("variant names must differ")
   # Every variant's config is checked before anything compiles: a key configs/base.py lacks, or a bad value,
   # is a ConfigError naming it.
-  checked = [(name, settings_lib.from_config(settings_lib.with_overrides(_CONFIG.value, ov))) for name, ov in specs]
+  checked = [settings_lib.from_config(settings_lib.with_overrides(_CONFIG.value, ov)) for _, ov in specs]
   print(f"cpu: {host_cpu()}")
   variants = []
-  for (name, overrides), (_, settings) in zip(specs, checked):
+  for (name, overrides), settings in zip(specs, checked):
     variants.append(Variant(name, settings))
     print(f"{name} {overrides}: compiled in {variants[-1].compile_s:.1f} s, "
           f"first-step loss {variants[-1].first_loss:.6f}", flush=True)

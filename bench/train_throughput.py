@@ -21,10 +21,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from bench.timing import host_cpu
-from dgemma import data, mesh as mesh_lib
+from bench.train_setup import train_step_inputs
 from dgemma import settings as settings_lib
 from dgemma.model import count_params
-from dgemma.train import optimizer as optimizer_lib, state as state_lib, step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Experiment config.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")
@@ -51,14 +50,7 @@ def main(argv):
   config = _CONFIG.value
   settings = settings_lib.from_config(config)
   model_cfg = settings.model
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
-  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
-  step = jax.jit(step_lib.make_train_step(model_cfg, settings.diffusion, optimizer,
-                                          optimizer_lib.make_schedule(settings.opt, 10)), donate_argnums=(0,))
-  prepared = data.prepare(settings)
-  batch = jax.device_put(next(data.make_iterator(settings, prepared, "train")))
-  state, _ = state_lib.create_train_state(model_cfg, mesh, settings.mesh.axis_rules, optimizer, jax.random.PRNGKey(0))
-  rng = jax.random.PRNGKey(1)
+  step, state, batch, rng = train_step_inputs(settings)
   t0 = time.perf_counter()
   state, m = step(state, batch, rng)
   jax.block_until_ready(m)
