@@ -97,6 +97,7 @@ def test_loads_an_hf_directory_directly_and_converted_with_its_tokenizer(loaded)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_generate_a_batch_of_prompts_equals_the_low_level_generate(loaded):
   model = loaded[0]
   prompts = ["the king speaks of love and death", "hence"]
@@ -114,6 +115,7 @@ def test_generate_a_batch_of_prompts_equals_the_low_level_generate(loaded):
   assert isinstance(model.generate(prompts[1], max_new_tokens=16, steps=3, seed=7), api.Generation)
 
 
+@pytest.mark.slow  # 8 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_chat_renders_turns_and_equals_the_low_level_generate(loaded):
   model = loaded[0]
   conversation = [{"role": "user", "content": "speak of love"}, {"role": "assistant", "content": "thou art fair"},
@@ -165,6 +167,7 @@ def test_tokenizer_json_only(hf_dirs, tmp_path):
   assert checkpoints.header(tmp_path / "ckpt").tokenizer_file.name == "tokenizer.json"
 
 
+@pytest.mark.slow  # 8 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_load_options_dtype_and_quantize(hf_dirs):
   sp_dir, _ = hf_dirs
   bf16 = dgemma.load(str(sp_dir), dtype="bfloat16")

@@ -5,6 +5,7 @@ only for trained leaves, the adapter checkpoint, and sampling from a head-only w
 import flax
 import jax
 import numpy as np
+import pytest
 
 from configs import adapt_from_gemma4, finetune_head_lora
 from dgemma import api
@@ -48,6 +49,7 @@ def _adam_mu(opt_state):
   return flax.traverse_util.flatten_dict(mu)
 
 
+@pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_adapt_from_gemma4_tiny_full_with_frozen_router(tiny_config, tmp_path):
   ckpt, base = _base_checkpoint(tiny_config, tmp_path / "base")
   config = _tiny(adapt_from_gemma4.get_config(str(ckpt)), tiny_config)
@@ -68,6 +70,7 @@ def test_adapt_from_gemma4_tiny_full_with_frozen_router(tiny_config, tmp_path):
   assert not (tmp_path / "wd" / adapter_ckpt.ADAPTER_DIR).exists()
 
 
+@pytest.mark.slow  # 8 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_finetune_head_lora_tiny_trains_only_head_and_samples(tiny_config, tmp_path):
   # no MoE branch here (compile time; its adapters are tested in tests/model/test_lora.py, and this config keeps
   # the router frozen); self-conditioning stays on: head_only trains it

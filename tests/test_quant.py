@@ -137,6 +137,7 @@ def _rel_err(a, b):
   return float(jnp.sqrt(jnp.mean((a - b) ** 2)) / jnp.sqrt(jnp.mean(b ** 2)))
 
 
+@pytest.mark.slow  # 8 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_logits_on_quantized_weights():
   """Decoder logits [3, 8, V] (12 context tokens encoded, 8 canvas tokens): int8 close to fp32, int4
   (groups of 16) closer than a random perturbation of one int4 step, and the model's in-layer
@@ -177,6 +178,7 @@ def test_logits_on_quantized_weights():
   assert err8 < err4 < err_noise, (err8, err4, err_noise)
 
 
+@pytest.mark.slow  # 8 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_sampler_on_int8_from_bf16_checkpoint(tmp_path):
   """bf16 params checkpoint -> dgemma.load(quantize='int8') -> generate end to end."""
   params = _smooth_params()

@@ -59,6 +59,7 @@ print(g.model_config('full').d_model)
   assert out.stdout.split()[-1] == "2816"
 
 
+@pytest.mark.slow  # 8 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_tiny_mode_runs_the_same_path():
   bench = _load()
   r = bench.run("tiny", prompt_len=16, canvas=16, steps=(2,), reps=1, matmul_n=128)

@@ -203,6 +203,7 @@ def test_sudoku_rows_alignment_determinism_resume_and_config_errors(tmp_path):
     data_lib.prepare(settings_lib.from_config(sudoku_config(tmp_path, bad_csv, train_csv)))
 
 
+@pytest.mark.slow  # 13 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_infill_givens_rows_hold_the_givens_clean_and_unscored(tmp_path, monkeypatch):
   """data.sudoku.infill_givens: rows mark the puzzle's givens in the canvas; the diffusion loss feeds
   them clean at every noise level and scores only the blanks (checked against the decoder's own

@@ -91,6 +91,7 @@ def test_canvas_bound_terms_match_the_literal_formula():
     np.testing.assert_allclose(recon_B[b], slow_recon, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
   """The batched model path (left-padded windows, padding rows, partial canvas) against one right-padded
   encode / decode per canvas and the literal formulas. The two programs differ in layout and shapes, so

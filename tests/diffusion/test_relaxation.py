@@ -116,6 +116,7 @@ def test_curriculum_times_are_uniform_in_log_snr_between_the_window_levels(vocab
   np.testing.assert_allclose(alpha, relaxation.alpha_of_snr(r, vocab_size), atol=1e-4)
 
 
+@pytest.mark.slow  # 14 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_the_curriculum_window_sets_the_training_alpha():
   # Inside the curriculum every example's alpha lies in the window. At alpha >= 0.999 a token is wrong with
   # probability < 1e-3, so the 16 canvas tokens of this seed come out clean; at alpha <= 0.01 it is right
@@ -175,6 +176,7 @@ def test_after_the_curriculum_the_loss_is_the_discrete_one():
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(relaxed_grads))
 
 
+@pytest.mark.slow  # 14 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_relaxed_input_is_what_the_decoder_reads():
   # During the curriculum at a vanishing temperature the soft input is one-hot(argmax w): the loss then
   # equals the discrete loss at that same z, computed here by hand from the relaxed draw.

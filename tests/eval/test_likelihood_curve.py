@@ -22,6 +22,7 @@ def test_runs_are_checked_before_anything_loads(tmp_path, tiny_run):
     likelihood_curve.parse_runs(f"a={workdir},b={tmp_path}")
 
 
+@pytest.mark.slow  # 8 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_minutes_and_scores_of_every_checkpoint(tiny_run, tmp_path):
   workdir, config = tiny_run
   minutes = metrics_lib.train_minutes(str(workdir))  # (dgemma/train/metrics.py; the curve's minutes column)

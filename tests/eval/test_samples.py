@@ -66,6 +66,7 @@ def _ckpt(config, objective):
   return dgemma.Model(ckpt, config, mesh_lib.make_mesh(settings.mesh.shape))
 
 
+@pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_sample_metrics_diffusion_and_ar(tiny_config, tmp_path):
   prompts = tmp_path / "prompts.jsonl"
   prompts.write_text('{"prompt": "the king"}\n{"prompt": "thy lord"}\n')

@@ -4,6 +4,7 @@ uniforms and against the exact distribution; JaxNoise rows independent of their 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dgemma.sampling import JaxNoise, row_keys
 from dgemma.sampling.noise import _block_size, categorical_inverse_cdf
@@ -60,6 +61,7 @@ def test_inverse_cdf_equals_a_float64_reading_of_the_same_uniforms():
   assert not np.isin(got, [0, 7, 299]).any() and got.max() < V
 
 
+@pytest.mark.slow  # 9 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_inverse_cdf_draws_follow_softmax():
   logits = _logits(1, 1, masked=(3, 150))[0]
   keys = jax.random.split(jax.random.key(5), 800)

@@ -113,6 +113,7 @@ def test_the_stopping_rules_read_directly():
   assert (int(stable[0]), bool(stops[0])) == (2, True)
 
 
+@pytest.mark.slow  # 8 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_the_official_self_conditioning_signal_is_the_bf16_soft_embedding():
   """The signal carried to the next step is sc_signal_fn(processed logits); the official one is
   bf16(softmax(L / T) @ table * sqrt(D)), and decoding from it (unrounded) equals decoding from the logits."""

@@ -4,6 +4,7 @@ and training estimates of the tiny preset against direct byte counts."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from configs.models import tiny
 from dgemma import quant
@@ -68,6 +69,7 @@ def _experiment():
   return config
 
 
+@pytest.mark.slow  # 8 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_training_estimate_tiny():
   one = memory.training_estimate(_experiment(), dict(data=1, fsdp=1, expert=1, tensor=1))
   full_bytes = quant.tree_bytes(param_shapes(TINY))

@@ -69,6 +69,7 @@ def test_corruption_fraction_matches_t():
     assert not np.any(changed & ~np.asarray(replaced))
 
 
+@pytest.mark.slow  # 12 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_save_restore_identical_state_and_next_batch(tiny_config, tmp_path):
   config = tiny_config
   settings, mesh, optimizer, schedule = _setup(config)
@@ -316,6 +317,7 @@ def _quick_state(model_cfg, optimizer):
   return state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
+@pytest.mark.slow  # 11 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_router_losses_add_exactly_their_sown_values():
   from configs import tiny_test
   config, batch = _small(tiny_test.get_config(), moe=True)
@@ -341,6 +343,7 @@ def test_router_losses_add_exactly_their_sown_values():
                                                                              "router_z_loss": 2.25}
 
 
+@pytest.mark.slow  # 9 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_grad_accumulation_matches_whole_batch():
   from configs import tiny_test
   config, batch = _small(tiny_test.get_config())
@@ -369,6 +372,7 @@ def test_grad_accumulation_matches_whole_batch():
   chex.assert_trees_all_close(s2.params, s1.params, atol=0.2 * config.opt.lr, rtol=0)
 
 
+@pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_bf16_compute_and_bf16_adam_state_one_step():
   from configs import tiny_test
   config, batch = _small(tiny_test.get_config())

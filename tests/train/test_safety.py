@@ -42,6 +42,7 @@ def _state_is_finite(workdir, step, config) -> bool:
 
 # ---- non-finite steps ------------------------------------------------------------------------------
 
+@pytest.mark.slow  # 12 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_diverging_run_halts_naming_the_step_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path):
   config = tiny_config
   config.opt.lr, config.train.num_steps, config.train.ckpt_every = 1e30, 12, 2
@@ -73,6 +74,7 @@ def test_skip_mode_drops_nonfinite_updates_and_counts_them(tiny_config, tmp_path
     assert _state_is_finite(tmp_path / "wd", step, config)
 
 
+@pytest.mark.slow  # 12 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_skipped_update_keeps_params_and_the_next_one_applies():
   """The step itself, with an update that divides the gradient by its norm: on an all-padding batch (no
   targets: loss 0, gradient 0, gradient norm 0, all finite) the update is 0/0 = NaN, so only the updated
@@ -107,6 +109,7 @@ def test_skipped_update_keeps_params_and_the_next_one_applies():
   assert not all(np.isfinite(x).all() for x in jax.tree.leaves(s2_applied.params))  # 'halt' mode: the loop stops
 
 
+@pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_sampling_nonfinite_params_is_an_error(tiny_config, tmp_path):
   config = tiny_config
   config.train.num_steps = 2
