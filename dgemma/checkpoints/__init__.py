@@ -9,6 +9,8 @@
   load(path, step=, mesh=, axis_rules=, dtype=) -> Checkpoint   the params only (never a run's optimizer
                           state), placed on `mesh`, checked finite, with the tokenizer file that belongs
                           to them and, for a run, its config.json
+  layout.relayout(tree, saved, new)   a params (or optimizer state) tree between the stacked
+                          (model.scan_layers) and the unrolled layer layout (layout.py)
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ class ModelConfig:
     scan_layers: apply repeated layer-pattern blocks with `nn.scan` over stacked weights (smaller programs,
       faster compiles); False makes the whole stack one unrolled block. On CPU a scan over several blocks
       costs per-iteration weight slices and activation write-backs: 0.72x the Sudoku step unrolled
-      (docs/benchmarks.md, "Training"). The parameter tree differs, so a checkpoint keeps its own.
+      (docs/benchmarks.md, "Training"). The parameter tree differs: dgemma/checkpoints/layout.py converts
+      (train.init_from does it; python -m dgemma.tools.relayout copies a workdir into the other layout).
     remat: rematerialisation policy name for each block ('none', 'full', 'dots').
     dtype / param_dtype: compute and storage dtypes ('float32', 'bfloat16'; 'float64' for numerical
       tests under `jax.enable_x64(True)`).

@@ -68,8 +68,13 @@ def check_resume(workdir: Path, config: ml_collections.ConfigDict) -> list[str]:
   saved = settings_lib.from_json(workdir_ckpt.read_config_json(workdir))
   diffs = settings_lib.architecture_differences(saved, config)
   if diffs:
+    hint = ""
+    if any(d.startswith("model.scan_layers:") for d in diffs):
+      hint = (f". For the other layer layout alone, copy the run into it (python -m dgemma.tools.relayout "
+              f"--workdir={workdir} --out=NEW_WORKDIR --{'' if config.model.scan_layers else 'no'}scan_layers) "
+              f"or start a new run from its params (--config.train.init_from={workdir})")
     raise ConfigError(f"--workdir: {workdir} holds checkpoints of another setup, so it cannot resume with this "
-                      f"config (saved -> new): {'; '.join(diffs)}. Use a new --workdir, or the saved settings")
+                      f"config (saved -> new): {'; '.join(diffs)}. Use a new --workdir, or the saved settings{hint}")
   changes = settings_lib.training_differences(saved, config)
   resume_step = config.train.restore_step if config.train.restore_step >= 0 else workdir_ckpt.steps(workdir)[-1]
   if changes and resume_step >= config.train.num_steps:
@@ -182,7 +187,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
       train_iter.set_state(data_state)
     logging.info("Resumed from step %d (%s)", restored_step, workdir_ckpt.checkpoint_dir(workdir_path))
   elif train_cfg.init_from:
-    state = state_lib.state_from_params_checkpoint(train_cfg.init_from, optimizer, abstract_state, state_shardings,
+    state = state_lib.state_from_params_checkpoint(train_cfg.init_from, model_cfg, optimizer, abstract_state,
+                                                   state_shardings,
                                                    init_fn, jax.random.PRNGKey(settings.seed))
   else:
     state, _ = state_lib.create_train_state(model_cfg, mesh, settings.mesh.axis_rules, optimizer,

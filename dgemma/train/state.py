@@ -14,13 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dgemma import settings as settings_lib
+from dgemma.checkpoints import layout
 from dgemma.checkpoints import params as params_ckpt
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.errors import CheckpointError, ConfigError
-from dgemma.model import ModelConfig, Transformer
+from dgemma.model import ModelConfig, Transformer, param_shapes
 from dgemma.model import lora
 from dgemma.model.sharding import place, unbox
 
@@ -85,28 +86,34 @@ def create_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer
   return state, shardings
 
 
-def check_init_from(path: str, model_cfg: ModelConfig) -> None:
-  """train.init_from names a dgemma params checkpoint, or a training workdir with a finished step, whose
-  architecture equals the run's."""
+def init_from_model_config(path: str) -> ModelConfig:
+  """The architecture that train.init_from's checkpoint was saved with (a training workdir with a finished
+  step, or a dgemma params checkpoint)."""
   path = Path(path)
   if workdir_ckpt.is_workdir(path):
     if not workdir_ckpt.steps(path):
       raise CheckpointError(f"train.init_from: the workdir {path} holds no finished checkpoint")
-    saved = ModelConfig.from_config_dict(settings_lib.from_json(workdir_ckpt.read_config_json(path)).model)
-  elif (path / params_ckpt.MODEL_CONFIG).exists():
-    saved = ModelConfig.from_config_dict(json.loads((path / params_ckpt.MODEL_CONFIG).read_text()))
-  else:
-    raise FileNotFoundError(f"train.init_from: {path} is neither a training workdir (config.json + checkpoints/) "
-                            f"nor a dgemma params checkpoint (no {params_ckpt.MODEL_CONFIG}; make one with "
-                            f"python -m dgemma.tools.convert --from_hf DIR --to {path})")
-  diffs = settings_lib.model_differences(saved, model_cfg)
+    return ModelConfig.from_config_dict(settings_lib.from_json(workdir_ckpt.read_config_json(path)).model)
+  if (path / params_ckpt.MODEL_CONFIG).exists():
+    return ModelConfig.from_config_dict(json.loads((path / params_ckpt.MODEL_CONFIG).read_text()))
+  raise FileNotFoundError(f"train.init_from: {path} is neither a training workdir (config.json + checkpoints/) "
+                          f"nor a dgemma params checkpoint (no {params_ckpt.MODEL_CONFIG}; make one with "
+                          f"python -m dgemma.tools.convert --from_hf DIR --to {path})")
+
+
+def check_init_from(path: str, model_cfg: ModelConfig) -> None:
+  """train.init_from names a dgemma params checkpoint, or a training workdir with a finished step, whose
+  architecture equals the run's up to the layer layout (model.scan_layers: the checkpoint's tensors are
+  relaid, dgemma/checkpoints/layout.py)."""
+  saved = init_from_model_config(path)
+  diffs = [d for d in settings_lib.model_differences(saved, model_cfg) if not d.startswith("model.scan_layers:")]
   if diffs:
     raise ConfigError(f"train.init_from: the run's architecture differs from the checkpoint {path} "
                       f"(checkpoint -> run): {'; '.join(diffs)}")
 
 
-def state_from_params_checkpoint(path: str, optimizer, abstract_state, shardings, init_fn=None,
-                                 rng=None) -> TrainState:
+def state_from_params_checkpoint(path: str, model_cfg: ModelConfig, optimizer, abstract_state, shardings,
+                                 init_fn=None, rng=None) -> TrainState:
   """Step-0 state from converted / exported params (e.g. an imported Gemma 4 AR model, for AR ->
   diffusion adaptation) or a training workdir's latest params, and a fresh optimizer state; params cast to
   model.param_dtype.
@@ -114,11 +121,25 @@ def state_from_params_checkpoint(path: str, optimizer, abstract_state, shardings
   LoRA adapters (finetune.mode lora / head_only) that the checkpoint lacks start from `init_fn(rng)`
   (B = 0: the run starts exactly at the checkpoint's model); every other tensor must be there."""
   expected = abstract_state.params
+  saved_cfg = init_from_model_config(path)
+  relaid = saved_cfg.block_period != model_cfg.block_period  # the other model.scan_layers layout
   if workdir_ckpt.is_workdir(path):  # a run's latest params, restored straight onto the shardings
-    params = workdir_ckpt.restore_params(path, workdir_ckpt.steps(path)[-1], expected)
+    step = workdir_ckpt.steps(path)[-1]
+    if relaid:  # restored replicated in the saved layout, relaid, then placed like the run's params
+      mesh = jax.tree.leaves(expected)[0].sharding.mesh
+      replicated = NamedSharding(mesh, PartitionSpec())
+      saved_abstract = jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+          param_shapes(saved_cfg))
+      params = layout.relayout(workdir_ckpt.restore_params(path, step, saved_abstract), saved_cfg, model_cfg)
+      params = jax.tree.map(lambda x, e: jax.device_put(x.astype(e.dtype), e.sharding), params, expected)
+    else:
+      params = workdir_ckpt.restore_params(path, step, expected)
     opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
   params_np, _ = params_ckpt.load_params(path)
+  if relaid:
+    params_np = layout.relayout(params_np, saved_cfg, model_cfg)
   got_paths = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(params_np)}
   fresh_names = set()
   for p, leaf in jax.tree_util.tree_leaves_with_path(expected):

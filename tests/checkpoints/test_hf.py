@@ -57,6 +57,7 @@ def dg_dirs(tmp_path_factory):
 
 # ---- config mapping -------------------------------------------------------------------------
 
+@pytest.mark.slow  # imports transformers (the torch reference: tests/conftest.py, the fast tier)
 def test_config_mapping_diffusion_gemma():
   from transformers import DiffusionGemmaConfig
   hf_cfg = DiffusionGemmaConfig(text_config=hf_utils.text_config("ssgssg"),
@@ -81,6 +82,7 @@ def test_config_mapping_diffusion_gemma():
   assert back.text_config.per_layer_config[2].head_dim == 32
 
 
+@pytest.mark.slow  # imports transformers (the torch reference: tests/conftest.py, the fast tier)
 def test_config_mapping_gemma4():
   from transformers import Gemma4Config, Gemma4TextConfig
   kw = hf_utils.text_config("sgsg", final_logit_softcapping=30.0)
@@ -103,6 +105,7 @@ def test_config_mapping_gemma4():
   assert (cfg.global_num_kv_heads, cfg.global_head_dim) == (2, 32)
 
 
+@pytest.mark.slow  # imports transformers (the torch reference: tests/conftest.py, the fast tier)
 def test_config_sliding_window_bidirectional_all():
   from transformers import DiffusionGemmaTextConfig
   text = DiffusionGemmaTextConfig(**hf_utils.text_config("sg", sliding_window=1024),
@@ -163,6 +166,7 @@ def test_config_unknown_architecture(tmp_path):
 
 # ---- round trips ------------------------------------------------------------------------------
 
+@pytest.mark.slow  # imports transformers (the torch reference: tests/conftest.py, the fast tier)
 @pytest.mark.parametrize("pattern", hf_utils.PATTERNS)
 def test_round_trip_exact(dg_dirs, pattern, tmp_path):
   from transformers import DiffusionGemmaForBlockDiffusion
@@ -184,6 +188,7 @@ def test_round_trip_exact(dg_dirs, pattern, tmp_path):
     assert torch.equal(sd0[k], sd1[k]), k
 
 
+@pytest.mark.slow  # imports transformers (the torch reference: tests/conftest.py, the fast tier)
 def test_export_without_base_loads_in_hf(dg_dirs, tmp_path):
   """No base config / vision source: HF still loads it; the text weights are exact."""
   from transformers import DiffusionGemmaForBlockDiffusion
@@ -198,6 +203,7 @@ def test_export_without_base_loads_in_hf(dg_dirs, tmp_path):
   assert text and all(torch.equal(sd0[k], sd1[k]) for k in text)
 
 
+@pytest.mark.slow  # imports transformers (the torch reference: tests/conftest.py, the fast tier)
 def test_sharded_checkpoints(dg_dirs, tmp_path):
   from transformers import DiffusionGemmaForBlockDiffusion
   model, src = dg_dirs["ssgssg"]
@@ -345,6 +351,7 @@ def test_missing_files(tmp_path):
 
 # ---- Gemma 4 autoregressive checkpoints ------------------------------------------------------
 
+@pytest.mark.slow  # imports transformers (the torch reference: tests/conftest.py, the fast tier)
 def test_gemma4_causal_load(tmp_path, caplog):
   model = hf_utils.gemma4_causal("sgsg", seed=3)
   src = hf_utils.save(model, tmp_path / "g4")

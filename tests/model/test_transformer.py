@@ -14,6 +14,7 @@ import pytest
 
 from configs.models import tiny
 from tests.model_utils import f64_config, float64, random_params, to_f64
+from dgemma.checkpoints import layout
 from dgemma.model import ModelConfig, Transformer, count_params, init_cache, param_shapes
 
 B, T, C = 2, 8, 4
@@ -306,10 +307,7 @@ def test_scan_matches_unscanned():
   assert (cfg_flat.block_period, cfg_flat.num_blocks) == (2, 1)
   assert (TINY.block_period, TINY.num_blocks) == (2, 2)
   p = to_f64(_params(TWO))
-  P = TWO.block_period
-  flat_blocks = {f"layer_{b * P + i}": jax.tree.map(lambda a: a[b:b + 1], p["blocks"][f"layer_{i}"])
-                 for b in range(TWO.num_blocks) for i in range(P)}
-  p_flat = {**p, "blocks": flat_blocks}
+  p_flat = layout.relayout(p, TWO, cfg_flat)  # layer b * period + i = row b of the stacked layer_i
   chex.assert_trees_all_equal_shapes(p_flat, param_shapes(cfg_flat))
   batch = _batch(6)
   # In float64: the same math, but XLA may fuse / block a scan body and straight-line layers
