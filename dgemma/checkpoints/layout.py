@@ -15,15 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dgemma import settings as settings_lib
 from dgemma.errors import ConfigError
 from dgemma.model import ModelConfig
 
 BLOCKS = "blocks"
-
-
-def same_but_layout(saved: ModelConfig, new: ModelConfig) -> bool:
-  """Whether the two architectures differ at most in their layer layout."""
-  return saved.to_dict() | {"scan_layers": new.scan_layers} == new.to_dict()
 
 
 def _layer_name(i: int) -> str:
@@ -61,9 +57,9 @@ def _walk(node: Any, saved: ModelConfig, new: ModelConfig) -> Any:
 def relayout(tree: Any, saved: ModelConfig, new: ModelConfig) -> Any:
   """`tree` (params, or an optimizer state of named tuples / dicts around params-shaped trees) laid out for
   `saved` -> the same numbers laid out for `new`. The two configs may differ only in scan_layers."""
-  if not same_but_layout(saved, new):
-    diffs = sorted(k for k, v in saved.to_dict().items() if k != "scan_layers" and new.to_dict()[k] != v)
-    raise ConfigError(f"model: a relayout changes only model.scan_layers; these differ too: {diffs}")
+  diffs = [d for d in settings_lib.model_differences(saved, new) if not d.startswith("model.scan_layers:")]
+  if diffs:  # compute choices (dtype, moe_impl, remat, ...) may differ: they do not change the tree
+    raise ConfigError(f"model: a relayout changes only model.scan_layers; these differ too: {'; '.join(diffs)}")
   if saved.block_period == new.block_period:
     return tree
   return _walk(tree, saved, new)

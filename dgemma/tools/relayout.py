@@ -27,10 +27,8 @@ from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import layout
 from dgemma.checkpoints import workdir as workdir_ckpt
-from dgemma.diffusion import distill as distill_lib
 from dgemma.errors import CheckpointError, ConfigError
 from dgemma.tools import cli
-from dgemma.train import optimizer as optimizer_lib
 from dgemma.train import state as state_lib
 
 _FLAGS = {}
@@ -43,15 +41,6 @@ def _define_flags():
   _FLAGS["scan_layers"] = flags.DEFINE_bool("scan_layers", None, "The new workdir's model.scan_layers (the other "
                                             "layout).", required=True)
   _FLAGS["step"] = flags.DEFINE_integer("step", None, "The step to copy (default: the latest finished one).")
-
-
-def run_abstract_state(settings, mesh):
-  """(abstract state, shardings) of the run `settings` describe, as the training loop builds them."""
-  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, settings.finetune)
-  _, abstract, shardings = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer)
-  if distill_lib.enabled(settings.distill):
-    abstract, shardings = state_lib.with_teacher(abstract), state_lib.with_teacher(shardings)
-  return abstract, shardings
 
 
 def relayout_workdir(src: str, out: str, scan_layers: bool, *, step: Optional[int] = None) -> int:
@@ -75,8 +64,8 @@ def relayout_workdir(src: str, out: str, scan_layers: bool, *, step: Optional[in
   new = settings_lib.from_config(config)
 
   mesh = mesh_lib.make_mesh(saved.mesh.shape)
-  saved_abstract, _ = run_abstract_state(saved, mesh)
-  _, new_shardings = run_abstract_state(new, mesh)
+  _, _, saved_abstract, _ = state_lib.run_abstract_state(saved, mesh)
+  _, _, _, new_shardings = state_lib.run_abstract_state(new, mesh)
   reader = workdir_ckpt.make_manager(src, keep=len(available) + 1, async_save=False)
   try:
     state, data_state = workdir_ckpt.restore(reader, step, saved_abstract)

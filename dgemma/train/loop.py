@@ -168,12 +168,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   _copy_tokenizer(workdir_path, prepared.tokenizer)
   num_steps = train_cfg.num_steps
   schedule = optimizer_lib.make_schedule(settings.opt, num_steps)
-  optimizer = optimizer_lib.make_optimizer(settings.opt, num_steps, settings.finetune)
-  init_fn, abstract_state, state_shardings = state_lib.abstract_train_state(
-      model_cfg, mesh, settings.mesh.axis_rules, optimizer)
+  optimizer, init_fn, abstract_state, state_shardings = state_lib.run_abstract_state(settings, mesh)
   distilling = distill_lib.enabled(settings.distill)
-  if distilling:  # the round's teacher is part of the state (dgemma/diffusion/distill.py)
-    abstract_state, state_shardings = state_lib.with_teacher(abstract_state), state_lib.with_teacher(state_shardings)
   data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
 
   manager = workdir_ckpt.make_manager(workdir_path, keep=train_cfg.keep_checkpoints,

@@ -20,10 +20,12 @@ from dgemma import settings as settings_lib
 from dgemma.checkpoints import layout
 from dgemma.checkpoints import params as params_ckpt
 from dgemma.checkpoints import workdir as workdir_ckpt
+from dgemma.diffusion import distill as distill_lib
 from dgemma.errors import CheckpointError, ConfigError
 from dgemma.model import ModelConfig, Transformer, param_shapes
 from dgemma.model import lora
 from dgemma.model.sharding import place, unbox
+from dgemma.train import optimizer as optimizer_lib
 
 @flax.struct.dataclass
 class TrainState:
@@ -69,6 +71,17 @@ def abstract_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimiz
                        boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
   abstract, shardings = place(boxed, mesh, axis_rules)
   return init_fn, abstract, shardings
+
+
+def run_abstract_state(settings, mesh: Mesh) -> tuple[Any, Callable, Any, Any]:
+  """(optimizer, init_fn, abstract state, shardings) of the run `settings` describe: its optimizer over
+  train.num_steps and the state it checkpoints (a distillation run's holds the round's teacher,
+  dgemma/diffusion/distill.py)."""
+  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, settings.finetune)
+  init_fn, abstract, shardings = abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer)
+  if distill_lib.enabled(settings.distill):
+    abstract, shardings = with_teacher(abstract), with_teacher(shardings)
+  return optimizer, init_fn, abstract, shardings
 
 
 def param_partition_specs(model_cfg: ModelConfig, mesh: Mesh, axis_rules) -> dict[str, str]:

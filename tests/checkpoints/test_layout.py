@@ -76,6 +76,10 @@ def test_init_from_a_stacked_run_starts_an_unrolled_one_at_its_params(tiny_run):
   saved = ModelConfig.from_config_dict(settings_lib.from_json(workdir_ckpt.read_config_json(workdir)).model)
   assert saved.scan_layers and not settings.model.scan_layers
   state_lib.check_init_from(str(workdir), settings.model)
+  # a compute choice may differ as well (here the experts' implementation): it does not change the tree
+  config.model.moe_impl = "dense" if saved.moe_impl != "dense" else "capacity"
+  settings = settings_lib.from_config(config)
+  assert settings.model.moe_impl != saved.moe_impl
   wider = dataclasses.replace(settings.model, mlp_hidden=settings.model.mlp_hidden * 2)
   with pytest.raises(ConfigError, match="mlp_hidden"):
     state_lib.check_init_from(str(workdir), wider)

@@ -16,12 +16,12 @@ from dgemma import settings as settings_lib
 from dgemma.checkpoints import layout, workdir as workdir_ckpt
 from dgemma.errors import ConfigError
 from dgemma.tools import relayout
-from dgemma.train import loop
+from dgemma.train import loop, state as state_lib
 
 
 def _restore(workdir, step):
   settings = settings_lib.from_config(settings_lib.from_json(workdir_ckpt.read_config_json(workdir)))
-  abstract, _ = relayout.run_abstract_state(settings, mesh_lib.make_mesh(settings.mesh.shape))
+  _, _, abstract, _ = state_lib.run_abstract_state(settings, mesh_lib.make_mesh(settings.mesh.shape))
   manager = workdir_ckpt.make_manager(workdir, keep=10, async_save=False)
   try:
     state, data_state = workdir_ckpt.restore(manager, step, abstract)
