@@ -22,6 +22,12 @@ from dgemma.model import ModelConfig
 BLOCKS = "blocks"
 
 
+def differences_but_layout(saved: ModelConfig, new: ModelConfig) -> list[str]:
+  """settings.model_differences without model.scan_layers: what relaying cannot bridge (compute choices such
+  as dtype, moe_impl or remat may differ: they do not change the tree)."""
+  return [d for d in settings_lib.model_differences(saved, new) if not d.startswith("model.scan_layers:")]
+
+
 def _layer_name(i: int) -> str:
   return f"layer_{i}"
 
@@ -57,8 +63,8 @@ def _walk(node: Any, saved: ModelConfig, new: ModelConfig) -> Any:
 def relayout(tree: Any, saved: ModelConfig, new: ModelConfig) -> Any:
   """`tree` (params, or an optimizer state of named tuples / dicts around params-shaped trees) laid out for
   `saved` -> the same numbers laid out for `new`. The two configs may differ only in scan_layers."""
-  diffs = [d for d in settings_lib.model_differences(saved, new) if not d.startswith("model.scan_layers:")]
-  if diffs:  # compute choices (dtype, moe_impl, remat, ...) may differ: they do not change the tree
+  diffs = differences_but_layout(saved, new)
+  if diffs:
     raise ConfigError(f"model: a relayout changes only model.scan_layers; these differ too: {'; '.join(diffs)}")
   if saved.block_period == new.block_period:
     return tree

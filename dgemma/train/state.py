@@ -119,7 +119,7 @@ def check_init_from(path: str, model_cfg: ModelConfig) -> None:
   architecture equals the run's up to the layer layout (model.scan_layers: the checkpoint's tensors are
   relaid, dgemma/checkpoints/layout.py)."""
   saved = init_from_model_config(path)
-  diffs = [d for d in settings_lib.model_differences(saved, model_cfg) if not d.startswith("model.scan_layers:")]
+  diffs = layout.differences_but_layout(saved, model_cfg)
   if diffs:
     raise ConfigError(f"train.init_from: the run's architecture differs from the checkpoint {path} "
                       f"(checkpoint -> run): {'; '.join(diffs)}")
