@@ -1,5 +1,6 @@
 """The tree keeps its shape (docs/architecture.md): no import cycle in dgemma/, imports that only go down
-the layers, lower layers that never import the config boundary, and a README table that matches the tree."""
+the layers, lower layers that never import the config boundary, and a README table that matches the tree, and no test module
+that imports transformers when collected (the fast-tier guard of tests/conftest.py)."""
 
 import ast
 import re
@@ -137,3 +138,40 @@ def test_tests_mirror_the_package():
   for pkg in (REPO / "dgemma").iterdir():
     if (pkg / "__init__.py").exists():
       assert (REPO / "tests" / pkg.name).is_dir(), f"dgemma/{pkg.name}/ has no tests/{pkg.name}/"
+
+
+def _module_level_imports_of(tree: ast.Module, package: str) -> list[int]:
+  """Line numbers where a module imports `package` when it is imported (collected): import statements outside
+  any function, and pytest.importorskip(package) calls outside any function."""
+  hits = []
+
+  def visit(node):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      return  # runs only when called
+    if isinstance(node, ast.Import) and any(a.name.split(".")[0] == package for a in node.names):
+      hits.append(node.lineno)
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == package and not node.level:
+      hits.append(node.lineno)
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "importorskip"
+          and node.args and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).split(".")[0] == package):
+      hits.append(node.lineno)
+    for child in ast.iter_child_nodes(node):
+      visit(child)
+
+  visit(tree)
+  return hits
+
+
+def test_no_test_module_imports_transformers_when_collected():
+  """tests/conftest.py fails a fast test that leaves `transformers` imported when it was not before. A test module
+  importing it at collection would import it in every worker before any test runs, and the guard would never fire
+  (it did not, until tests/sampling/test_parity.py imported it inside its HF helper)."""
+  offenders = [f"{path.relative_to(REPO)}:{line}" for path in sorted((REPO / "tests").rglob("*.py"))
+               for line in _module_level_imports_of(ast.parse(path.read_text()), "transformers")]
+  assert offenders == []
+
+
+def test_the_collection_import_check_sees_module_level_imports():
+  source = ("import transformers\nfrom transformers.models import x\nimport pytest\npytest.importorskip('transformers')\n"
+            "def f():\n  import transformers\n  from transformers import y\n")
+  assert _module_level_imports_of(ast.parse(source), "transformers") == [1, 2, 4]

@@ -10,11 +10,14 @@ positions do not skip left padding), so the test also checks dgemma's per-row po
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+if importlib.util.find_spec("transformers") is None:  # found, not imported: collecting this module must not
+  pytest.skip("transformers is not installed", allow_module_level=True)  # import it (the fast-tier guard)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -22,8 +25,6 @@ import jax.numpy as jnp  # noqa: E402
 from dgemma.model import Transformer  # noqa: E402
 from dgemma.sampling import FixedNoise, SamplerConfig, generate  # noqa: E402
 from tests import hf_utils  # noqa: E402
-
-from transformers.models.diffusion_gemma import generation_diffusion_gemma as hf_gen  # noqa: E402
 
 pytestmark = pytest.mark.slow  # torch parity (tests/conftest.py, the fast tier)
 
@@ -83,6 +84,7 @@ class _ReplayTorch:
 
 
 def _run_hf(hf_model, prompt, row, arrays, monkeypatch):
+  from transformers.models.diffusion_gemma import generation_diffusion_gemma as hf_gen
   replay = _ReplayTorch(*arrays, row=row)
   accepted, entropy = {}, {}  # (canvas, step) -> [C]
   original_accept = hf_gen.EntropyBoundSampler.accept_canvas
