@@ -1,26 +1,47 @@
-"""The full DiffusionGemma 26B-A4B trunk on one accelerator: seconds per denoising step, tokens/s, MFU.
+"""The full DiffusionGemma 26B-A4B trunk on one accelerator, per variant: ms per denoising step, tokens/s,
+peak memory with a 4k prompt, achieved weight bandwidth, and a profile of a step (issue #17 item 5).
 
-  python bench/gpu_full_model.py                    # the 26B-A4B config, random bf16 weights (~47 GiB)
-  python bench/gpu_full_model.py --preset=tiny --prompt_len=64 --canvas=32 --steps=2,4   # CPU smoke run
+  python bench/gpu_full_model.py --out=docs/results/gpu/full_model.json     # the four variants below
+  python bench/gpu_full_model.py --variants=dense_bf16,capacity:none        # any moe_impl:scheme pair too
+  python bench/gpu_full_model.py --preset=tiny --out=/tmp/tiny.json         # CPU smoke run of the same path
 
-Random bf16 weights are created directly on the device (one jitted init with an output sharding on
-that device: no host copy of the 50 GB). A `prompt_len`-token random prompt is encoded into the KV
-cache, then `dgemma.sampling.generate` denoises one `canvas`-token canvas with a fixed number of steps
-(early stopping off: confidence_threshold 0, no end tokens, `lax.scan` loop) for each step count.
-Times are medians of `reps` calls after a warm-up call (which compiles). Per denoising step:
-  s/step   = (t(S_max) - t(S_min)) / (S_max - S_min)  (the prompt encode cancels), also per S as
-             (t(S) - t_encode) / S with the encode timed alone;
-  tokens/s = canvas / t(S) for the whole call (prompt encode included) and canvas / (S * s/step);
-  MFU      = useful FLOPs of one decoder pass (active experts, `dgemma.tools.params.forward_flops`)
-             / s/step / the bf16 matmul rate measured in the same run (an n x n x n bf16 matmul).
-Imports only jax, flax and numpy (plus configs/ for --preset=tiny): runs on an image without
-ml_collections, grain, tfds, tensorboardX or sentencepiece.
+Variants (`VARIANTS`): dense_bf16 (moe_impl='dense', every expert on every token), fast_bf16 (moe_impl='tokamax',
+tokamax's grouped GEMM), fast_int8 and fast_int4_experts (the same with `dgemma.quant` presets, the expert
+QArrays reaching tokamax's quantized kernels as they are). A variant whose MoE path needs tokamax is skipped
+(with the reason in the JSON) where tokamax is not installed.
+
+What it does. Random weights are made on the device by one jitted program per weight format (bf16 normal
+N(0, 0.02); quantized presets directly as random int8 / int4 values and scales of the preset's layout, so no
+bf16 copy of the 47 GiB ever exists beside them); variants of one format share them. Every program is lowered
+first, then all are compiled at once on a thread pool (XLA compiles release the GIL; the compiles dominate a
+cold run). Per variant, `dgemma.sampling.generate` denoises one `canvas`-token canvas after a `prompt_len`-token
+random prompt at each of `steps` (fixed step counts: confidence threshold 0, no end tokens), `reps` timed calls
+after a warm-up call, median:
+  ms_per_step        (t(S_max) - t(S_min)) / (S_max - S_min): the prompt encode cancels;
+  tokens_per_s_S     canvas / t(S), the whole call (1k-prompt encode included), for S = 16 and 48;
+  peak_gib_4k        the generate program with a `memory_prompt_len` (4k) prompt as XLA assigned its buffers:
+                     arguments (weights, prompt) + outputs + temporaries - aliased bytes (compiled, not run;
+                     the process-wide peak mixes variants, so it is reported once, as process_peak_gib);
+  bandwidth_fraction weight bytes read per step (every expert is touched by 256 tokens x top-8, so all of them;
+                     int4 counts half a byte) / step time / the card's copy bandwidth measured in the same run
+                     (bytes read + written per second by a jitted x + 1 over `copy_gib`).
+Then one 16-step call of the first fast variant (or of the first variant) is traced with `jax.profiler` and
+its top ops by device time are printed per step (bench/profiling.py). Every figure is printed as it is
+measured, and the JSON (--out) is rewritten after each variant, so a run stopped by a time limit keeps what it
+measured. JSON: {"device", "jax", "copy_gb_per_s", "matmul_tflop_per_s", "variants": {name: {"ms_per_step",
+"tokens_per_s_16", "tokens_per_s_48", "peak_gib_4k", "bandwidth_fraction", ...}}, "profile": {...}}.
+Imports only jax, flax and numpy (plus configs/ for --preset=tiny, and tokamax / qwix for the fast variants):
+runs on an image without ml_collections, grain, tfds, tensorboardX or sentencepiece.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
+import importlib.util
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,10 +52,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
+from bench import profiling
+from bench.timing import median_seconds
+from dgemma import quant
+from dgemma.model import ModelConfig, Transformer, param_shapes
+from dgemma.model.qarray import QArray
 from dgemma.sampling import SamplerConfig, generate
 from dgemma.tools import params as params_tool
-from bench.timing import median_seconds
+
+# name -> (model.moe_impl, quant scheme); "fast" is the grouped-GEMM path of issue #17 (tokamax.ragged_dot)
+VARIANTS = {
+    "dense_bf16": ("dense", "none"),
+    "fast_bf16": ("tokamax", "none"),
+    "fast_int8": ("tokamax", "int8"),
+    "fast_int4_experts": ("tokamax", "int4_experts"),
+}
+NEEDS_TOKAMAX = ("tokamax",)
 
 
 def model_config(preset: str, moe_impl: str = "ragged", capacity_factor: float | None = None) -> ModelConfig:
@@ -52,25 +85,50 @@ def model_config(preset: str, moe_impl: str = "ragged", capacity_factor: float |
   return cfg if capacity_factor is None else dataclasses.replace(cfg, moe_capacity_factor=capacity_factor)
 
 
-def random_params_on_device(cfg: ModelConfig, device, seed: int = 0):
-  """Random weights made by one jitted program whose outputs live on `device`: matrices N(0, 0.02),
-  norm / router scales and layer scalars U(0.8, 1.2)."""
+def variant_spec(name: str) -> tuple[str, str]:
+  """(moe_impl, scheme) of a `VARIANTS` name or of an 'impl:scheme' pair (e.g. 'capacity:int8')."""
+  if name in VARIANTS:
+    return VARIANTS[name]
+  impl, sep, scheme = name.partition(":")
+  if not sep or impl not in ("dense", "ragged", "capacity", "tokamax") or scheme not in quant.SCHEMES:
+    raise ValueError(f"--variants: {name!r} is neither one of {tuple(VARIANTS)} nor 'impl:scheme' with impl in "
+                     f"(dense, ragged, capacity, tokamax) and scheme in {quant.SCHEMES}")
+  return impl, scheme
+
+
+def quantized_shapes(cfg: ModelConfig, scheme: str, group_size: int):
+  """The parameter tree's shapes in a quant scheme (QArray leaves where the preset quantizes)."""
   shapes = param_shapes(cfg)
-  paths_and_leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  if scheme == "none":
+    return shapes
+  qcfg = quant.QuantConfig(scheme=scheme, group_size=group_size)
+  return jax.eval_shape(lambda p: quant.quantize_params(p, qcfg), shapes)
 
-  def init(key):
-    keys = jax.random.split(key, len(paths_and_leaves))
-    out = []
-    for k, (path, s) in zip(keys, paths_and_leaves):
-      name = jax.tree_util.keystr(path)
-      if "scale" in name:  # also 'layer_scalar'
-        out.append(jax.random.uniform(k, s.shape, s.dtype, 0.8, 1.2))
-      else:
-        out.append((0.02 * jax.random.normal(k, s.shape, jnp.float32)).astype(s.dtype))
-    return jax.tree_util.tree_unflatten(treedef, out)
 
+def _random_tree(shapes, key):
+  """Random values for a (possibly quantized) shape tree: matrices N(0, 0.02), norm / router scales and layer
+  scalars U(0.8, 1.2); a QArray gets uniform values in [-qmax, qmax] and scales about those of an
+  N(0, 0.02) weight (0.06 / qmax: the largest of a group is about 3 standard deviations)."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, QArray))
+  keys = jax.random.split(key, len(leaves))
+  out = []
+  for k, (path, s) in zip(keys, leaves):
+    if isinstance(s, QArray):
+      qmax = 7 if jnp.dtype(s.q.dtype) == jnp.dtype(jnp.int4) else 127
+      q = jax.random.randint(k, s.q.shape, -qmax, qmax + 1, jnp.int8).astype(s.q.dtype)
+      out.append(QArray(q=q, scale=jnp.full(s.scale.shape, 0.06 / qmax, s.scale.dtype), group_axis=s.group_axis))
+    elif "scale" in jax.tree_util.keystr(path):  # also 'layer_scalar'
+      out.append(jax.random.uniform(k, s.shape, s.dtype, 0.8, 1.2))
+    else:
+      out.append((0.02 * jax.random.normal(k, s.shape, jnp.float32)).astype(s.dtype))
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def random_params_on_device(cfg: ModelConfig, device, seed: int = 0, scheme: str = "none", group_size: int = 64):
+  """Random weights in `scheme`'s format, made by one jitted program whose outputs live on `device`."""
+  shapes = quantized_shapes(cfg, scheme, group_size)
   sharding = jax.sharding.SingleDeviceSharding(device)
-  return jax.jit(init, out_shardings=sharding)(jax.random.key(seed))
+  return jax.jit(lambda key: _random_tree(shapes, key), out_shardings=sharding)(jax.random.key(seed))
 
 
 def matmul_flops_per_s(n: int, dtype, device, reps: int = 10) -> float:
@@ -87,11 +145,32 @@ def matmul_flops_per_s(n: int, dtype, device, reps: int = 10) -> float:
   return 4 * 2 * n**3 / median_seconds(lambda: chain(a), reps)
 
 
-def run(preset: str = "full", prompt_len: int = 1024, canvas: int = 256, steps: tuple[int, ...] = (16, 48),
-        reps: int = 3, moe_impl: str = "ragged", matmul_n: int = 8192, seed: int = 0,
-        capacity_factor: float | None = None, progress: bool = False) -> dict:
-  """Builds, times and returns the figures (a dict; `main` prints them). progress=True also prints each
-  figure as soon as it is measured, so a run stopped by a time limit still leaves its partial figures."""
+def copy_bytes_per_s(nbytes: int, device, reps: int = 10) -> float:
+  """Bytes read + written per second by a jitted x + 1 over an nbytes bf16 array on `device`."""
+  x = jax.device_put(jnp.zeros((nbytes // 2,), jnp.bfloat16), device)
+  inc = jax.jit(lambda v: v + jnp.asarray(1, v.dtype))
+  return 2 * x.size * 2 / median_seconds(lambda: inc(x), reps)
+
+
+def program_peak_bytes(compiled) -> int | None:
+  """Arguments + outputs + temporaries - aliased bytes of a compiled program (its buffer assignment)."""
+  m = compiled.memory_analysis()
+  if m is None:
+    return None
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+
+
+def _sampler(canvas: int, steps: int, prompt_len: int) -> SamplerConfig:
+  return SamplerConfig(canvas_len=canvas, max_denoising_steps=steps, confidence_threshold=0.0, early_exit=False,
+                       end_ids=(), max_context=prompt_len + canvas + 1)
+
+
+def run_variants(variants: tuple[str, ...] = tuple(VARIANTS), preset: str = "full", prompt_len: int = 1024,
+                 memory_prompt_len: int = 4096, canvas: int = 256, steps: tuple[int, ...] = (16, 48), reps: int = 3,
+                 matmul_n: int = 8192, copy_gib: float = 4.0, group_size: int = 64, seed: int = 0,
+                 out: str | None = None, profile_top: int = 25, compile_workers: int = 0, progress: bool = True,
+                 capacity_factor: float | None = None) -> dict:
+  """Measures every variant (module docstring) and returns the figures; `out`: the JSON, rewritten as they come."""
   t_start = time.perf_counter()
 
   def note(msg):
@@ -99,116 +178,154 @@ def run(preset: str = "full", prompt_len: int = 1024, canvas: int = 256, steps: 
       print(f"[{time.perf_counter() - t_start:6.1f} s] {msg}", flush=True)
 
   steps = tuple(sorted(set(int(s) for s in steps)))
-  cfg = model_config(preset, moe_impl, capacity_factor)
+  specs = {name: variant_spec(name) for name in variants}  # bad names fail before any device work
   device = jax.devices()[0]
-  t0 = time.perf_counter()
-  params = jax.block_until_ready(random_params_on_device(cfg, device, seed))
-  init_s = time.perf_counter() - t0
-  note(f"random weights made on {device} in {init_s:.1f} s ({cfg.moe_impl} MoE)")
-  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-  model = Transformer(cfg)
-  g = np.random.default_rng(seed)
-  prompt_1P = jax.device_put(np.asarray(g.integers(2, cfg.vocab_size, (1, prompt_len)), np.int32), device)
-  lengths_1 = jax.device_put(np.array([prompt_len], np.int32), device)
+  result = dict(device=f"{device.platform} {getattr(device, 'device_kind', '')}".strip(), jax=jax.__version__,
+                preset=preset, prompt_len=prompt_len, memory_prompt_len=memory_prompt_len, canvas=canvas,
+                steps=list(steps), reps=reps, group_size=group_size, variants={})
 
-  @jax.jit
-  def encode(params, tokens_1P):
-    """The prompt encode `generate` starts with, alone (its cache, no logits)."""
-    cache = init_cache(cfg, 1, prompt_len, jnp.dtype(cfg.dtype))
-    pos = jnp.arange(prompt_len, dtype=jnp.int32)[None]
-    _, cache = model.apply({"params": params}, tokens_1P, pos, jnp.ones_like(tokens_1P), cache,
-                           return_logits=False, method=Transformer.encode)
-    return cache
+  def save():
+    if out:
+      Path(out).parent.mkdir(parents=True, exist_ok=True)
+      tmp = f"{out}.tmp"
+      Path(tmp).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+      os.replace(tmp, out)
 
-  t_encode = median_seconds(lambda: encode(params, prompt_1P), reps)
-  note(f"prompt encode {t_encode * 1e3:.1f} ms")
-  cache = encode(params, prompt_1P)
-  canvas_1C = jax.device_put(np.asarray(g.integers(2, cfg.vocab_size, (1, canvas)), np.int32), device)
-  sc_1CV = jax.device_put(np.asarray(g.normal(0, 1, (1, canvas, cfg.vocab_size)), np.float32), device)
+  result["copy_gb_per_s"] = copy_bytes_per_s(int(copy_gib * 2**30), device) / 1e9
+  note(f"copy bandwidth (read + write) {result['copy_gb_per_s']:.1f} GB/s over {copy_gib:g} GiB")
+  result["matmul_tflop_per_s"] = matmul_flops_per_s(matmul_n, jnp.bfloat16, device) / 1e12
+  note(f"bf16 {matmul_n}^3 matmul {result['matmul_tflop_per_s']:.1f} TFLOP/s")
+  save()
 
-  @jax.jit
-  def decode(params, canvas_1C, sc_1CV):
-    """One decoder pass of the canvas against the prompt cache, with a self-conditioning signal: the
-    model's share of a denoising step (the rest is the sampler's vocab-sized work)."""
-    pos = prompt_len + jnp.arange(canvas, dtype=jnp.int32)[None]
-    return model.apply({"params": params}, canvas_1C, pos, jnp.ones_like(canvas_1C), cache, sc_1CV,
-                       method=Transformer.decode)
+  g, vocab = np.random.default_rng(seed), model_config(preset).vocab_size
+  prompts = {P: jax.device_put(np.asarray(g.integers(2, vocab, (1, P)), np.int32), device)
+             for P in sorted({prompt_len, memory_prompt_len})}
+  lengths = {P: jax.device_put(np.array([P], np.int32), device) for P in prompts}
+  plans = {}
+  for name, (impl, scheme) in specs.items():
+    if impl in NEEDS_TOKAMAX and importlib.util.find_spec("tokamax") is None:
+      result["variants"][name] = dict(moe_impl=impl, scheme=scheme, skipped="tokamax is not installed")
+      note(f"{name}: skipped (tokamax is not installed)")
+      continue
+    cfg = model_config(preset, impl, capacity_factor)
+    model = Transformer(cfg)
+    programs = {}
+    for key, (S, P) in {**{s: (s, prompt_len) for s in steps}, "memory": (steps[0], memory_prompt_len)}.items():
+      scfg = _sampler(canvas, S, P)
+      programs[key] = jax.jit(lambda params, prompt, lens, model=model, scfg=scfg: generate(
+          model, params, prompt, lens, scfg, jax.random.key(seed), canvas).tokens_BN)
+    plans[name] = dict(cfg=cfg, scheme=scheme, shapes=quantized_shapes(cfg, scheme, group_size), programs=programs)
+  if any(p["cfg"].moe_impl in NEEDS_TOKAMAX for p in plans.values()):
+    from dgemma.model import moe_kernels  # tokamax's import and its absl flags once, here, not in the threads
+    import tokamax  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    moe_kernels._absl_flags_parsed()  # pylint: disable=protected-access
 
-  t_decode = median_seconds(lambda: decode(params, canvas_1C, sc_1CV), reps)
-  note(f"one decoder pass {t_decode * 1e3:.2f} ms")
-  del sc_1CV
-  timings, compile_s = {}, {}
-  for s in steps:
-    scfg = SamplerConfig(canvas_len=canvas, max_denoising_steps=s, confidence_threshold=0.0, early_exit=False,
-                         end_ids=(), max_context=prompt_len + canvas + 1)
-    call = lambda scfg=scfg: generate(model, params, prompt_1P, lengths_1, scfg, jax.random.key(seed), canvas)
+  # Compiles run on a thread pool (XLA releases the GIL). The 4k-prompt programs are only compiled, from the
+  # shapes, for their buffer assignment; the timed programs compile on their first call, all programs of one
+  # weight format at once, once those weights exist (an AOT executable from shapes can want other input
+  # layouts than the arrays have, e.g. packed int4).
+  pool = concurrent.futures.ThreadPoolExecutor(compile_workers or max(1, os.cpu_count() or 1))
+  memory = {name: pool.submit(lambda p=p: p["programs"]["memory"].lower(
+      p["shapes"], prompts[memory_prompt_len], lengths[memory_prompt_len]).compile()) for name, p in plans.items()}
+  profiled = None
+  fast_names = [n for n in plans if plans[n]["cfg"].moe_impl in NEEDS_TOKAMAX] or list(plans)
+  schemes = list(dict.fromkeys(p["scheme"] for p in plans.values()))
+  for scheme in schemes:  # one weight format on the device at a time
+    names = [n for n, p in plans.items() if p["scheme"] == scheme]
     t0 = time.perf_counter()
-    out = jax.block_until_ready(call())
-    compile_s[s] = time.perf_counter() - t0
-    assert int(out.num_forwards_B[0]) == s, (int(out.num_forwards_B[0]), s)  # fixed step count
-    timings[s] = median_seconds(call, reps)
-    note(f"{s} denoising steps: first call (compile) {compile_s[s]:.1f} s, then {timings[s]:.3f} s per call")
-  if len(steps) > 1:
-    s_step = (timings[steps[-1]] - timings[steps[0]]) / (steps[-1] - steps[0])
-  else:
-    s_step = (timings[steps[0]] - t_encode) / steps[0]
-  dec_flops = params_tool.forward_flops(cfg, canvas, prompt_len + canvas, decoder=True, sc_signal=True)
-  enc_flops = params_tool.forward_flops(cfg, prompt_len, prompt_len, decoder=False, sc_signal=False)
-  matmul_dtype = jnp.bfloat16
-  peak = matmul_flops_per_s(matmul_n, matmul_dtype, device)
+    params = jax.block_until_ready(random_params_on_device(plans[names[0]]["cfg"], device, seed, scheme, group_size))
+    weight_bytes = quant.tree_bytes(params)
+    note(f"random {scheme} weights ({weight_bytes / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s")
+    calls = {(n, s): (lambda n=n, s=s: plans[n]["programs"][s](params, prompts[prompt_len], lengths[prompt_len]))
+             for n in names for s in steps}
+    t0 = time.perf_counter()
+    first = {k: pool.submit(lambda c=c: jax.block_until_ready(c())) for k, c in calls.items()}
+    for f in first.values():
+      f.result()
+    note(f"compiled and ran {len(calls)} programs ({', '.join(names)}) in {time.perf_counter() - t0:.1f} s")
+    for name in names:
+      cfg = plans[name]["cfg"]
+      t = {}
+      for s in steps:
+        t[s] = median_seconds(calls[(name, s)], reps)
+        note(f"{name}: {s} steps, {prompt_len}-token prompt: {t[s]:.4f} s per call ({canvas / t[s]:.1f} tokens/s)")
+      if len(steps) > 1:
+        s_step = (t[steps[-1]] - t[steps[0]]) / (steps[-1] - steps[0])
+      else:
+        s_step = t[steps[0]] / steps[0]  # one step count: the encode is not separated
+      peak = program_peak_bytes(memory[name].result())
+      row = dict(moe_impl=cfg.moe_impl, scheme=scheme, ms_per_step=s_step * 1e3,
+                 **{f"tokens_per_s_{s}": canvas / t[s] for s in steps}, call_s={str(s): t[s] for s in steps},
+                 peak_gib_4k=None if peak is None else peak / 2**30, weight_gib=weight_bytes / 2**30,
+                 bandwidth_fraction=weight_bytes / s_step / (result["copy_gb_per_s"] * 1e9),
+                 mfu=params_tool.forward_flops(cfg, canvas, prompt_len + canvas, decoder=True, sc_signal=True)
+                 / s_step / (result["matmul_tflop_per_s"] * 1e12))
+      result["variants"][name] = row
+      note(f"{name}: {row['ms_per_step']:.2f} ms per step; peak with a {memory_prompt_len}-token prompt "
+           + (f"{row['peak_gib_4k']:.2f} GiB" if peak is not None else "n/a")
+           + f"; weights {row['weight_gib']:.2f} GiB at {row['bandwidth_fraction']:.3f} of the copy bandwidth;"
+             f" MFU {row['mfu']:.3f}")
+      if profiled is None and name == fast_names[0] and profile_top:
+        rows = profiling.top_ops(lambda: jax.block_until_ready(calls[(name, steps[0])]()), profile_top)
+        profiled = dict(variant=name, call=f"{steps[0]} steps, {prompt_len}-token prompt",
+                        per_step_ms=[[op, ms / steps[0], n, what] for op, ms, n, what in rows])
+        result["profile"] = profiled
+        note(f"profile of {name}, one {steps[0]}-step call, ms per step:\n"
+             + profiling.format_top_ops(rows, per=steps[0]))
+      save()
+    del params, calls
   stats = device.memory_stats() or {}
-  per_s = {s: dict(total_s=timings[s], s_per_step=(timings[s] - t_encode) / s, tokens_per_s=canvas / timings[s],
-                   compile_s=compile_s[s]) for s in steps}
-  return dict(
-      preset=preset, device=f"{device.platform} {getattr(device, 'device_kind', '')}".strip(),
-      jax=jax.__version__, params_gib=param_bytes / 2**30, init_s=init_s, prompt_len=prompt_len, canvas=canvas,
-      steps=steps, per_steps=per_s, encode_s=t_encode, decode_s=t_decode, s_per_step=s_step,
-      denoise_tokens_per_s={s: canvas / (s * s_step) for s in steps},
-      decoder_flops=dec_flops, encoder_flops=enc_flops, matmul_flops_per_s=peak, matmul_n=matmul_n,
-      mfu_decoder=dec_flops / s_step / peak, mfu_encoder=enc_flops / t_encode / peak,
-      peak_bytes_in_use=stats.get("peak_bytes_in_use"), wall_s=time.perf_counter() - t_start, moe_impl=moe_impl,
-      moe_capacity_factor=cfg.moe_capacity_factor)
+  if "peak_bytes_in_use" in stats:
+    result["process_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
+    note(f"process peak (every variant's weights and calls, one format at a time): {result['process_peak_gib']:.2f} GiB")
+  pool.shutdown()
+  result["wall_s"] = time.perf_counter() - t_start
+  save()
+  return result
 
 
 def report(r: dict) -> str:
-  lines = [f"command: {' '.join(sys.argv)}",
-           f"device: {r['device']} (jax {r['jax']}); preset {r['preset']}, random bf16 weights "
-           f"{r['params_gib']:.2f} GiB made on device in {r['init_s']:.1f} s; MoE {r['moe_impl']}"
-           + (f" (capacity factor {r['moe_capacity_factor']:g})" if r["moe_impl"] == "capacity" else ""),
-           f"prompt {r['prompt_len']} tokens encoded in {r['encode_s'] * 1e3:.1f} ms "
-           f"({r['encoder_flops'] / 1e9:.4g} GFLOP, MFU {r['mfu_encoder']:.3f}); canvas {r['canvas']} tokens",
-           f"{'steps':>5} {'call s':>8} {'s/step*':>9} {'tokens/s (call)':>16} {'compile s':>10}"]
-  for s in r["steps"]:
-    p = r["per_steps"][s]
-    lines.append(f"{s:>5} {p['total_s']:>8.3f} {p['s_per_step']:>9.4f} {p['tokens_per_s']:>16.1f} {p['compile_s']:>10.1f}")
-  lines += [
-      f"one decoder pass alone (canvas vs the prompt cache, self-conditioning on): {r['decode_s'] * 1e3:.2f} ms "
-      f"(MFU {r['decoder_flops'] / r['decode_s'] / r['matmul_flops_per_s']:.3f})",
-      f"s/step (difference of the step counts): {r['s_per_step'] * 1e3:.2f} ms; denoising-only tokens/s: " +
-      ", ".join(f"{s} steps {v:.0f}" for s, v in r["denoise_tokens_per_s"].items()),
-      f"decoder pass: {r['decoder_flops'] / 1e9:.4g} GFLOP useful; bf16 {r['matmul_n']}^3 matmul in this run: "
-      f"{r['matmul_flops_per_s'] / 1e12:.4g} TFLOP/s; MFU {r['mfu_decoder']:.3f}",
-      f"peak device memory: " + (f"{r['peak_bytes_in_use'] / 2**30:.2f} GiB" if r["peak_bytes_in_use"] else "n/a")
-      + f"; wall {r['wall_s']:.0f} s",
-      "* per step count: (call - prompt encode) / steps"]
+  lines = [f"device: {r['device']} (jax {r['jax']}); preset {r['preset']}; prompt {r['prompt_len']} tokens, canvas "
+           f"{r['canvas']}; copy {r['copy_gb_per_s']:.1f} GB/s; bf16 matmul {r['matmul_tflop_per_s']:.1f} TFLOP/s",
+           f"{'variant':<20} {'ms/step':>9} " + " ".join(f"{f'tok/s@{s}':>10}" for s in r["steps"])
+           + f" {'peak GiB 4k':>12} {'weights GiB':>12} {'bw frac':>8} {'MFU':>6}"]
+  for name, v in r["variants"].items():
+    if "skipped" in v:
+      lines.append(f"{name:<20} skipped: {v['skipped']}")
+      continue
+    peak = f"{v['peak_gib_4k']:.2f}" if v["peak_gib_4k"] is not None else "n/a"
+    lines.append(f"{name:<20} {v['ms_per_step']:>9.2f} " + " ".join(f"{v[f'tokens_per_s_{s}']:>10.1f}" for s in r["steps"])
+                 + f" {peak:>12} {v['weight_gib']:>12.2f} {v['bandwidth_fraction']:>8.3f} {v['mfu']:>6.3f}")
+  lines.append(f"wall {r.get('wall_s', 0):.0f} s")
   return "\n".join(lines)
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--variants", default=",".join(VARIANTS),
+                  help=f"comma-separated: {', '.join(VARIANTS)} or moe_impl:scheme pairs")
   ap.add_argument("--preset", default="full", choices=("full", "tiny"))
-  ap.add_argument("--prompt_len", type=int, default=1024)
-  ap.add_argument("--canvas", type=int, default=256)
-  ap.add_argument("--steps", default="16,48", help="comma-separated denoising step counts")
+  ap.add_argument("--prompt_len", type=int, default=0, help="prompt tokens for the timings (0: 1024, tiny: 16)")
+  ap.add_argument("--memory_prompt_len", type=int, default=0, help="prompt tokens for peak memory (0: 4096, tiny: 64)")
+  ap.add_argument("--canvas", type=int, default=0, help="canvas tokens (0: 256, tiny: 16)")
+  ap.add_argument("--steps", default="", help="comma-separated step counts (default 16,48; tiny: 2,4)")
   ap.add_argument("--reps", type=int, default=3)
-  ap.add_argument("--moe_impl", default="ragged", choices=("ragged", "dense", "capacity"))
-  ap.add_argument("--capacity_factor", type=float, default=None,
-                  help="moe_impl=capacity: rows per expert / mean load (default: the config's)")
-  ap.add_argument("--matmul_n", type=int, default=0, help="matmul size for the peak rate (0: 8192, tiny: 512)")
+  ap.add_argument("--matmul_n", type=int, default=0, help="matmul size for the peak rate (0: 8192, tiny: 256)")
+  ap.add_argument("--copy_gib", type=float, default=0, help="copy-bandwidth buffer (0: 4 GiB, tiny: 0.0625)")
+  ap.add_argument("--group_size", type=int, default=0, help="int4 group size (0: 64, tiny: 16)")
+  ap.add_argument("--capacity_factor", type=float, default=None, help="moe_impl=capacity: slab rows / mean load")
+  ap.add_argument("--profile_top", type=int, default=25, help="ops in the profile summary (0: no profile)")
+  ap.add_argument("--out", default="", help="write the figures as JSON here (rewritten after each variant)")
   a = ap.parse_args(argv)
-  n = a.matmul_n or (8192 if a.preset == "full" else 512)
-  r = run(a.preset, a.prompt_len, a.canvas, tuple(int(s) for s in a.steps.split(",")), a.reps, a.moe_impl, n,
-          capacity_factor=a.capacity_factor, progress=True)
+  tiny = a.preset == "tiny"
+  r = run_variants(
+      tuple(v for v in a.variants.split(",") if v), a.preset, a.prompt_len or (16 if tiny else 1024),
+      a.memory_prompt_len or (64 if tiny else 4096), a.canvas or (16 if tiny else 256),
+      tuple(int(s) for s in (a.steps or ("2,4" if tiny else "16,48")).split(",")), a.reps,
+      a.matmul_n or (256 if tiny else 8192), a.copy_gib or (0.0625 if tiny else 4.0),
+      a.group_size or (16 if tiny else 64), out=a.out or None, profile_top=a.profile_top,
+      capacity_factor=a.capacity_factor)
+  print(f"command: {' '.join(sys.argv)}")
   print(report(r))
   return r
 
