@@ -30,7 +30,8 @@ Measured (docs/results.md#sudoku-benchmark, 500 held-out puzzles, one sample): 2
 (scan_layers=False, below) a Zen 4 host ran 5,800 steps in 59 minutes and solved 51%: one-hour runs spread
 this widely from their initial weights alone (docs/results.md, "A second hour"). Turning self-conditioning on
 (--config.model.self_conditioning=True) or holding the givens (--config.data.sudoku.infill_givens=True)
-did worse in the same hour (10% and 0%).
+did worse in the same hour (10% and 0%), and so did high-noise training times
+(--config.diffusion.t_power=0.5: 26% against 51%, better first steps but worse last ones; docs/results.md).
 """
 
 from configs import base
