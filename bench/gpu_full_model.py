@@ -12,9 +12,10 @@ QArrays reaching tokamax's quantized kernels as they are). A variant whose MoE p
 
 What it does. Random weights are made on the device by one jitted program per weight format (bf16 normal
 N(0, 0.02); quantized presets directly as random int8 / int4 values and scales of the preset's layout, so no
-bf16 copy of the 47 GiB ever exists beside them); variants of one format share them. Every program is lowered
-first, then all are compiled at once on a thread pool (XLA compiles release the GIL; the compiles dominate a
-cold run). Per variant, `dgemma.sampling.generate` denoises one `canvas`-token canvas after a `prompt_len`-token
+bf16 copy of the 47 GiB ever exists beside them); variants of one format share them, and one format is on the
+device at a time. Compiles run on a thread pool (XLA compiles release the GIL; they dominate a cold run): the
+4k-prompt programs from shapes, in the background from the start; the timed programs of one weight format all
+at once on their first calls, once those weights exist. Per variant, `dgemma.sampling.generate` denoises one `canvas`-token canvas after a `prompt_len`-token
 random prompt at each of `steps` (fixed step counts: confidence threshold 0, no end tokens), `reps` timed calls
 after a warm-up call, median:
   ms_per_step        (t(S_max) - t(S_min)) / (S_max - S_min): the prompt encode cancels;
