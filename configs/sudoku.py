@@ -31,7 +31,8 @@ Measured (docs/results.md#sudoku-benchmark, 500 held-out puzzles, one sample): 2
 this widely from their initial weights alone (docs/results.md, "A second hour"). Turning self-conditioning on
 (--config.model.self_conditioning=True) or holding the givens (--config.data.sudoku.infill_givens=True)
 did worse in the same hour (10% and 0%), and so did high-noise training times
-(--config.diffusion.t_power=0.5: 26% against 51%, better first steps but worse last ones; docs/results.md).
+(--config.diffusion.t_power=0.5: 26% against 51%, better first steps but worse last ones), while low-noise
+times (t_power=2) gave 49%, level within noise (docs/results.md).
 """
 
 from configs import base
