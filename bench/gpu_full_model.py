@@ -41,7 +41,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -56,6 +55,7 @@ import numpy as np
 from bench import profiling
 from bench.timing import median_seconds
 from dgemma import quant
+from dgemma.files import write_json_atomic
 from dgemma.model import ModelConfig, Transformer, param_shapes
 from dgemma.model.qarray import QArray
 from dgemma.sampling import SamplerConfig, generate
@@ -187,10 +187,7 @@ def run_variants(variants: tuple[str, ...] = tuple(VARIANTS), preset: str = "ful
 
   def save():
     if out:
-      Path(out).parent.mkdir(parents=True, exist_ok=True)
-      tmp = f"{out}.tmp"
-      Path(tmp).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-      os.replace(tmp, out)
+      write_json_atomic(out, result)
 
   result["copy_gb_per_s"] = copy_bytes_per_s(int(copy_gib * 2**30), device) / 1e9
   note(f"copy bandwidth (read + write) {result['copy_gb_per_s']:.1f} GB/s over {copy_gib:g} GiB")
