@@ -6,7 +6,11 @@ Prints tokens/s of the jitted train step (data already on device, compile exclud
 FLOP rate it implies (6 x active parameters per encoder and decoder token, K canvases of C tokens per
 row, plus 2 per parameter per canvas token for the no-grad self-conditioning pass when enabled;
 attention's score FLOPs are not counted), and that rate as a fraction of a large f32 matmul's rate
-measured in the same process (the machine's practical peak).
+measured in the same process (the machine's practical peak). Then, with --dots (default), the step's matmul
+ceiling (bench/dot_ceiling.py): every dot_general of the step's jaxpr timed alone, their FLOPs over their summed
+time, as a ratio to the same peak: the most the ratio above could reach with these matmul shapes if nothing else
+in the step took time. (A bound for these shapes, not for the machine: two dots the step runs side by side on
+the two cores can each beat their isolated time a little.)
 """
 
 import sys
@@ -20,6 +24,7 @@ import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
+from bench import dot_ceiling
 from bench.timing import host_cpu
 from bench.train_setup import train_step_inputs
 from dgemma import settings as settings_lib
@@ -27,6 +32,7 @@ from dgemma.model import count_params
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Experiment config.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")
+_DOTS = flags.DEFINE_bool("dots", True, "Also time the step's matmuls alone (bench/dot_ceiling.py).")
 
 
 def matmul_gflops(n: int = 2048, reps: int = 10, trials: int = 5) -> float:
@@ -82,6 +88,20 @@ def main(argv):
   print(f"train step: {sec_per_step*1e3:.1f} ms  -> {tokens/sec_per_step:,.0f} tokens/s")
   print(f"model FLOP rate: {model_gflops:.1f} GFLOP/s; f32 2048^2 matmul in the same run: {peak:.1f} GFLOP/s; "
         f"ratio (MFU vs matmul peak): {model_gflops/peak:.3f}")
+  if _DOTS.value:
+    dots, loops_unknown = dot_ceiling.step_dots(step, state, batch, rng)
+    rows = dot_ceiling.time_dots(dots)
+    alone_gflops, dot_gflop, dot_s = dot_ceiling.ceiling_gflops(rows)
+    print(f"the step's matmuls: {sum(d.count for d in dots)} dot_generals ({len(dots)} distinct), "
+          f"{dot_gflop:.2f} GFLOP per step (the model count above: {model_flops/1e9:.2f})"
+          + (f"; {loops_unknown} while-loop bodies counted once" if loops_unknown else ""))
+    print(f"  each timed alone: {dot_s*1e3:.1f} ms in all = {alone_gflops:.1f} GFLOP/s; "
+          f"matmul ceiling of the ratio: {alone_gflops/peak:.3f} (the model FLOPs at that speed: "
+          f"{model_flops/dot_s/1e9/peak:.3f})")
+    slowest = sorted(rows, key=lambda r: -r[1] * r[0].count)[:8]
+    for d, sec in slowest:
+      print(f"  {d.count:3d} x {d.lhs_shape} . {d.rhs_shape} {d.dimension_numbers}: {sec*1e3:.2f} ms each, "
+            f"{d.flops/sec/1e9:.1f} GFLOP/s")
 
 
 if __name__ == "__main__":
