@@ -32,7 +32,8 @@ this widely from their initial weights alone (docs/results.md, "A second hour").
 (--config.model.self_conditioning=True) or holding the givens (--config.data.sudoku.infill_givens=True)
 did worse in the same hour (10% and 0%), and so did high-noise training times
 (--config.diffusion.t_power=0.5: 26% against 51%, better first steps but worse last ones), while low-noise
-times (t_power=2) gave 49%, level within noise (docs/results.md).
+times (t_power=2) gave 49%, level within noise, and a higher learning rate (--config.opt.lr=3e-3) 18%
+(docs/results.md).
 """
 
 from configs import base
