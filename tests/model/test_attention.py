@@ -10,21 +10,21 @@ from dgemma.model import attention
 EPS32 = float(np.finfo(np.float32).eps)
 
 
+def _probs(q, k, mask):
+  """float64 probabilities [B, N, T, S], scale 1.0, HF's repeat_kv (zeros where masked; an empty row is zeros)."""
+  G = q.shape[2] // k.shape[2]
+  scores = np.einsum("btnh,bsnh->bnts", q, np.repeat(k, G, axis=2))
+  scores = np.where(mask[:, None], scores, -np.inf)
+  top = np.max(scores, -1, keepdims=True)
+  e = np.where(mask[:, None], np.exp(scores - np.where(np.isfinite(top), top, 0.0)), 0.0)
+  den = e.sum(-1, keepdims=True)
+  return e / np.where(den > 0, den, 1.0)
+
+
 def _reference(q, k, v, mask):
-  """float64: for each query head n, kv head n // G, softmax over the allowed keys; no allowed key -> zeros."""
-  B, T, N, H = q.shape
-  K = k.shape[2]
-  out = np.zeros((B, T, N, v.shape[-1]))
-  for b in range(B):
-    for n in range(N):
-      kv = n // (N // K)
-      scores = q[b, :, n] @ k[b, :, kv].T                     # [T, S], scale 1.0
-      scores = np.where(mask[b], scores, -np.inf)
-      top = np.max(scores, axis=-1, keepdims=True)
-      e = np.where(mask[b], np.exp(scores - np.where(np.isfinite(top), top, 0.0)), 0.0)
-      den = e.sum(-1, keepdims=True)
-      out[b, :, n] = np.where(den > 0, e / np.where(den > 0, den, 1.0), 0.0) @ v[b, :, kv]
-  return out
+  """float64: each query head n reads kv head n // G through a softmax over its allowed keys (`_probs`)."""
+  G = q.shape[2] // k.shape[2]
+  return np.einsum("bnts,bsnh->btnh", _probs(q, k, mask), np.repeat(v, G, axis=2))
 
 
 def _inputs(seed=0, B=2, T=5, S=7, N=4, K=2, H=8):
@@ -57,17 +57,6 @@ def test_attend_matches_the_float64_loop():
   assert got.shape == want.shape
   np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0, atol=_error_bound(q, k, v))
   assert np.all(np.asarray(got)[0, 0] == 0.0)  # no allowed key: zeros, exactly
-
-
-def _probs(q, k, mask):
-  """float64 probabilities [B, N, T, S] of the reference (zeros where masked or the row is empty)."""
-  K, G = k.shape[2], q.shape[2] // k.shape[2]
-  scores = np.einsum("btnh,bsnh->bnts", q, np.repeat(k, G, axis=2))
-  scores = np.where(mask[:, None], scores, -np.inf)
-  top = np.max(scores, -1, keepdims=True)
-  e = np.where(mask[:, None], np.exp(scores - np.where(np.isfinite(top), top, 0.0)), 0.0)
-  den = e.sum(-1, keepdims=True)
-  return e / np.where(den > 0, den, 1.0)
 
 
 def test_attend_gradients_match_float64_autodiff():
