@@ -5,9 +5,9 @@
   ceiling = ceiling_gflops(rows)                   # sum of FLOPs / sum of isolated times
 
 `ceiling_gflops` is the FLOP rate the step would reach if everything but its matmuls took no time and each
-matmul ran as fast as it does on its own: an upper bound on the step's useful FLOP rate for these shapes on
-this machine, so a ratio target above ceiling / matmul peak cannot be met without changing the shapes
-(bench/train_throughput.py prints both). Loops: a `scan` body counts `length` times; a `while` body once
+matmul ran as fast as it does on its own (bench/train_throughput.py prints it beside the step's rate). It bounds
+the step's rate for these shapes only roughly: the step can run two small dots side by side on two cores faster
+than each alone on both (the small preset's step measured 1.03x its figure, docs/benchmarks.md "Training"). Loops: a `scan` body counts `length` times; a `while` body once
 (its trip count is not in the jaxpr; `loops_unknown` says how many such bodies held dots).
 """
 
@@ -34,7 +34,8 @@ class Dot:
   count: int = 1
 
   @property
-  def key(self) -> tuple:
+  def key(self) -> "Dot":
+    """This dot with count 1: what identifies a distinct dot."""
     return dataclasses.replace(self, count=1)
 
   @property
