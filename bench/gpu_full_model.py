@@ -26,7 +26,9 @@ after a warm-up call, median:
   bandwidth_fraction weight bytes read per step (every expert is touched by 256 tokens x top-8, so all of them;
                      int4 counts half a byte) / step time / the card's copy bandwidth measured in the same run
                      (bytes read + written per second by a jitted x + 1 over `copy_gib`).
-Then one 16-step call of the first fast variant (or of the first variant) is traced with `jax.profiler` and
+With the bf16 weights, the prompt encode of the `memory_prompt_len` prompt alone is timed and its program peak
+read for each `model.attention_impl` (xla: the scores materialised; tokamax: its flash-attention kernel), issue
+#17 item 4 (`prompt_encode` in the JSON). Then one 16-step call of the first fast variant (or of the first variant) is traced with `jax.profiler` and
 its top ops by device time are printed per step (bench/profiling.py). Every figure is printed as it is
 measured, and the JSON (--out) is rewritten after each variant, so a run stopped by a time limit keeps what it
 measured. JSON: {"device", "jax", "copy_gb_per_s", "matmul_tflop_per_s", "variants": {name: {"ms_per_step",
@@ -56,7 +58,7 @@ from bench import profiling
 from bench.timing import median_seconds
 from dgemma import quant
 from dgemma.files import write_json_atomic
-from dgemma.model import ModelConfig, Transformer, param_shapes
+from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.model.qarray import QArray
 from dgemma.sampling import SamplerConfig, generate
 from dgemma.tools import params as params_tool
@@ -161,6 +163,41 @@ def program_peak_bytes(compiled) -> int | None:
   return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
+def encode_program(cfg: ModelConfig, batch: int, prompt_len: int):
+  """The sampler's prompt encode alone (dgemma.sampling.generation step 1: a ring cache for the sliding layers),
+  jitted: (params, prompt [B, P]) -> the cache."""
+  model = Transformer(cfg)
+
+  def encode(params, prompt_BP):
+    cache = init_cache(cfg, batch, prompt_len, dtype=jnp.dtype(cfg.dtype), sliding_ring=True)
+    pos_BP = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), prompt_BP.shape)
+    return model.apply({"params": params}, prompt_BP, pos_BP, jnp.ones_like(prompt_BP), cache, return_logits=False,
+                       method=Transformer.encode)[1]
+
+  return jax.jit(encode)
+
+
+def measure_prompt_encode(cfg: ModelConfig, params, prompt_BP, impls: tuple[str, ...], reps: int, note) -> dict:
+  """Issue #17 item 4: ms and program peak (GiB, buffer assignment as for peak_gib_4k) of the prompt encode with
+  each `model.attention_impl` in `impls`, on the same weights; an implementation that fails is recorded with its
+  error, so the rest still runs."""
+  out = {}
+  for impl in impls:
+    try:
+      program = encode_program(dataclasses.replace(cfg, attention_impl=impl), *prompt_BP.shape)
+      compiled = program.lower(params, prompt_BP).compile()
+      jax.block_until_ready(compiled(params, prompt_BP))
+      ms = median_seconds(lambda: jax.block_until_ready(compiled(params, prompt_BP)), reps) * 1e3
+      peak = program_peak_bytes(compiled)
+      out[impl] = dict(ms=ms, peak_gib=None if peak is None else peak / 2**30)
+      note(f"prompt encode, {prompt_BP.shape[1]} tokens, attention_impl={impl}: {ms:.2f} ms, program peak "
+           + (f"{out[impl]['peak_gib']:.2f} GiB" if peak is not None else "n/a"))
+    except Exception as e:  # pylint: disable=broad-except  (a kernel that cannot take these shapes)
+      out[impl] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+      note(f"prompt encode, attention_impl={impl}: failed: {out[impl]['error']}")
+  return out
+
+
 def _sampler(canvas: int, steps: int, prompt_len: int) -> SamplerConfig:
   return SamplerConfig(canvas_len=canvas, max_denoising_steps=steps, confidence_threshold=0.0, early_exit=False,
                        end_ids=(), max_context=prompt_len + canvas + 1)
@@ -170,7 +207,7 @@ def run_variants(variants: tuple[str, ...] = tuple(VARIANTS), preset: str = "ful
                  memory_prompt_len: int = 4096, canvas: int = 256, steps: tuple[int, ...] = (16, 48), reps: int = 3,
                  matmul_n: int = 8192, copy_gib: float = 4.0, group_size: int = 64, seed: int = 0,
                  out: str | None = None, profile_top: int = 25, compile_workers: int = 0, progress: bool = True,
-                 capacity_factor: float | None = None) -> dict:
+                 capacity_factor: float | None = None, attention_impls: tuple[str, ...] = ("xla", "tokamax")) -> dict:
   """Measures every variant (module docstring) and returns the figures; `out`: the JSON, rewritten as they come."""
   t_start = time.perf_counter()
 
@@ -216,7 +253,7 @@ def run_variants(variants: tuple[str, ...] = tuple(VARIANTS), preset: str = "ful
   if any(p["cfg"].moe_impl in NEEDS_TOKAMAX for p in plans.values()):
     from dgemma.model import moe_kernels  # tokamax's import and its absl flags once, here, not in the threads
     import tokamax  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-    moe_kernels._absl_flags_parsed()  # pylint: disable=protected-access
+    moe_kernels.absl_flags_parsed()
 
   # Compiles run on a thread pool (XLA releases the GIL). The 4k-prompt programs are only compiled, from the
   # shapes, for their buffer assignment; the timed programs compile on their first call, all programs of one
@@ -241,6 +278,11 @@ def run_variants(variants: tuple[str, ...] = tuple(VARIANTS), preset: str = "ful
     for f in first.values():
       f.result()
     note(f"compiled and ran {len(calls)} programs ({', '.join(names)}) in {time.perf_counter() - t0:.1f} s")
+    if scheme == "none" and attention_impls and "prompt_encode" not in result:
+      impls = tuple(i for i in attention_impls if i != "tokamax" or importlib.util.find_spec("tokamax") is not None)
+      result["prompt_encode"] = dict(prompt_len=memory_prompt_len, **measure_prompt_encode(
+          plans[names[0]]["cfg"], params, prompts[memory_prompt_len], impls, reps, note))
+      save()
     for name in names:
       cfg = plans[name]["cfg"]
       t = {}
@@ -294,6 +336,12 @@ def report(r: dict) -> str:
     peak = f"{v['peak_gib_4k']:.2f}" if v["peak_gib_4k"] is not None else "n/a"
     lines.append(f"{name:<20} {v['ms_per_step']:>9.2f} " + " ".join(f"{v[f'tokens_per_s_{s}']:>10.1f}" for s in r["steps"])
                  + f" {peak:>12} {v['weight_gib']:>12.2f} {v['bandwidth_fraction']:>8.3f} {v['mfu']:>6.3f}")
+  encode = r.get("prompt_encode", {})
+  for impl, v in encode.items():
+    if impl != "prompt_len":
+      lines.append(f"prompt encode, {encode['prompt_len']} tokens, attention_impl={impl}: " + (
+          v["error"] if "error" in v else f"{v['ms']:.2f} ms, program peak "
+          + (f"{v['peak_gib']:.2f} GiB" if v["peak_gib"] is not None else "n/a")))
   lines.append(f"wall {r.get('wall_s', 0):.0f} s")
   return "\n".join(lines)
 
@@ -312,6 +360,8 @@ def main(argv=None):
   ap.add_argument("--copy_gib", type=float, default=0, help="copy-bandwidth buffer (0: 4 GiB, tiny: 0.0625)")
   ap.add_argument("--group_size", type=int, default=0, help="int4 group size (0: 64, tiny: 16)")
   ap.add_argument("--capacity_factor", type=float, default=None, help="moe_impl=capacity: slab rows / mean load")
+  ap.add_argument("--attention_impls", default="xla,tokamax",
+                  help="model.attention_impl values whose prompt encode (memory_prompt_len tokens) is timed; '' skips")
   ap.add_argument("--profile_top", type=int, default=25, help="ops in the profile summary (0: no profile)")
   ap.add_argument("--out", default="", help="write the figures as JSON here (rewritten after each variant)")
   a = ap.parse_args(argv)
@@ -322,7 +372,7 @@ def main(argv=None):
       tuple(int(s) for s in (a.steps or ("2,4" if tiny else "16,48")).split(",")), a.reps,
       a.matmul_n or (256 if tiny else 8192), a.copy_gib or (0.0625 if tiny else 4.0),
       a.group_size or (16 if tiny else 64), out=a.out or None, profile_top=a.profile_top,
-      capacity_factor=a.capacity_factor)
+      capacity_factor=a.capacity_factor, attention_impls=tuple(i for i in a.attention_impls.split(",") if i))
   print(f"command: {' '.join(sys.argv)}")
   print(report(r))
   return r

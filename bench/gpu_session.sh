@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU measurement of issue #17 (items 5-6) as one device call, prepared on CPU:
+# The whole GPU measurement of issue #17 (items 4-6) as one device call, prepared on CPU:
 #
 #   .venv/bin/pip download ... into .whl/ (the wheels tokamax 0.0.12 needs, for Python 3.11-3.14; docs/benchmarks.md,
 #   "Full model on one GPU", has the command), then from the session:

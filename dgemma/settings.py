@@ -691,7 +691,7 @@ def _merge(config: ml_collections.ConfigDict, values: dict, prefix: str) -> None
 
 # ModelConfig fields that may differ between a checkpoint and the run that reads it (compute choices, not
 # the shapes of the parameters).
-RUNTIME_MODEL_FIELDS = ("dtype", "param_dtype", "moe_impl", "moe_capacity_factor", "remat",
+RUNTIME_MODEL_FIELDS = ("dtype", "param_dtype", "moe_impl", "moe_capacity_factor", "attention_impl", "remat",
                         "router_aux_loss_weight", "router_z_loss_weight")
 
 

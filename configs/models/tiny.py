@@ -33,6 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
       self_conditioning=True,
       moe_impl="ragged",
       moe_capacity_factor=1.5,  # moe_impl="capacity" only
+      attention_impl="auto",
       scan_layers=True,
       remat="none",
       dtype="float32",

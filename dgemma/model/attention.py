@@ -44,6 +44,7 @@ import jax.numpy as jnp
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model import layers
 from dgemma.model import lora as lora_lib
+from dgemma.model import moe_kernels
 from dgemma.model.sharding import constrain
 
 # Masked logits: finite in fp32 (so in float64 too), and exp(_NEG - max) == 0 in either.
@@ -130,12 +131,42 @@ def attend(q_BTNH, k_BSKH, v_BSKH, mask_BTS, dtype) -> jax.Array:
   return jnp.transpose(out_BKQH.reshape(B, K, G, T, -1), (0, 3, 1, 2, 4)).reshape(B, T, N, -1)
 
 
+# 'auto' per backend. No backend has a measured win for tokamax yet: on CPU its XLA implementation is the same
+# arithmetic as `attend` with the scores as [B, T, N, S] (no faster); on GPU the prompt encode with each is
+# measured by bench/gpu_full_model.py (issue #17 item 4), not yet run. Until a figure says otherwise, 'xla'.
+_AUTO_IMPL = {"cpu": "xla", "gpu": "xla", "tpu": "xla"}
+
+
+def resolve_impl(impl: str, backend: str | None = None) -> str:
+  """`cfg.attention_impl` with 'auto' replaced by the choice for `backend` (default: JAX's default backend,
+  read at trace time; `_AUTO_IMPL` says why each)."""
+  if impl != "auto":
+    return impl
+  return _AUTO_IMPL.get(backend or jax.default_backend(), "xla")
+
+
+def attend_tokamax(q_BTNH, k_BSKH, v_BSKH, mask_BTS, dtype, implementation=None) -> jax.Array:
+  """`attend` on `tokamax.dot_product_attention` (GQA, scale 1.0, the same boolean mask): a flash-attention
+  kernel on GPU (Mosaic on sm90/sm100, else Triton) and TPU, which never materialises the [T, S] scores;
+  tokamax's XLA implementation on CPU. A query row with no allowed key gives zeros, as `attend` does (the
+  kernels would average the values). implementation None: 'xla' on CPU, tokamax's own order elsewhere.
+  Imports tokamax on first use (about 1 s), as dgemma.model.moe_kernels does."""
+  import tokamax  # pylint: disable=g-import-not-at-top
+  moe_kernels.absl_flags_parsed()
+  if implementation is None and jax.default_backend() == "cpu":
+    implementation = "xla"
+  out_BTNH = tokamax.dot_product_attention(q_BTNH.astype(dtype), k_BSKH.astype(dtype), v_BSKH.astype(dtype),
+                                           mask=mask_BTS[:, None], scale=1.0, implementation=implementation)
+  return jnp.where(jnp.any(mask_BTS, axis=-1)[:, :, None, None], out_BTNH, 0).astype(dtype)
+
+
 class Attention(nn.Module):
   """HF `DiffusionGemma{Encoder,Decoder}TextAttention` for one layer kind.
 
   q = rope(q_norm(q_proj x)); k = rope(k_norm(k_proj x)); v = v_norm(v_proj x), or v = v_norm(raw k
   projection) on global layers with `global_k_eq_v` (no v_proj). Keys are cached post-norm post-RoPE.
-  Encode (decode=False) writes the new k/v into the cache at `write_index` and attends over the whole
+  Encode (decode=False) attends with `cfg.attention_impl` (`resolve_impl`), decode always with `attend`.
+  Encode writes the new k/v into the cache at `write_index` and attends over the whole
   cache (a ring cache's sliding layer, `ring_slots_BT` given: attends over [ring; new tokens], then writes
   the new tokens at their ring slots); decode attends over [cache; canvas] and leaves the cache untouched.
   """
@@ -185,7 +216,9 @@ class Attention(nn.Module):
       keys, values, new_kv = cache_k.astype(dtype), cache_v.astype(dtype), (cache_k, cache_v)
 
     q_BTNH = constrain(q_BTNH, ("batch", "act_length", "act_heads", "head_dim"))
-    out_BTNH = constrain(attend(q_BTNH, keys, values, mask_BTS, dtype), ("batch", "act_length", "act_heads", "head_dim"))
+    attend_fn = attend_tokamax if not decode and resolve_impl(cfg.attention_impl) == "tokamax" else attend
+    out_BTNH = constrain(attend_fn(q_BTNH, keys, values, mask_BTS, dtype),
+                         ("batch", "act_length", "act_heads", "head_dim"))
     out_BTD = layers.Einsum((N, H, D), "btnh,nhd->btd", ("heads", "head_dim", "embed"), name="o_proj",
                             **kw)(out_BTNH)
     return out_BTD, new_kv

@@ -17,6 +17,7 @@ SLIDING = "sliding"
 GLOBAL = "global"
 LAYER_KINDS = (SLIDING, GLOBAL)
 MOE_IMPLS = ("ragged", "dense", "capacity", "expert_parallel", "tokamax", "auto")
+ATTENTION_IMPLS = ("xla", "tokamax", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,11 @@ class ModelConfig:
       a ladder so none overflows; the fast one on CPU, docs/benchmarks.md), 'expert_parallel' (experts
       sharded over the mesh axis 'expert', all-to-all token exchange) or 'tokamax' (the ragged path on tokamax.ragged_dot: Pallas
       kernels on GPU / TPU, quantized experts fed to its quantized kernels; XLA on CPU).
+    attention_impl: the encoder's (causal) attention, i.e. the prompt encode, commits and training's context
+      pass: 'xla' (dgemma.model.attention.attend: the scores materialised), 'tokamax'
+      (`tokamax.dot_product_attention`: flash-attention kernels on GPU / TPU, its XLA implementation on CPU)
+      or 'auto' (per platform, dgemma.model.attention.resolve_impl). The decoder's canvas pass always uses
+      'xla' (256 queries).
     moe_capacity_factor: moe_impl='capacity': the smallest slab has this x the mean load T*k/E rows per
       expert; the larger ones double it up to T (dgemma.model.moe.capacity_rungs).
     scan_layers: apply repeated layer-pattern blocks with `nn.scan` over stacked weights (smaller programs,
@@ -84,6 +90,7 @@ class ModelConfig:
   self_conditioning: bool = True
   moe_impl: str = "auto"
   moe_capacity_factor: float = 1.5
+  attention_impl: str = "auto"
   scan_layers: bool = True
   remat: str = "none"
   dtype: str = "float32"
@@ -126,6 +133,8 @@ class ModelConfig:
            f"must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}")
       need(self.expert_hidden > 0, "expert_hidden", "must be positive")
     need(self.moe_impl in MOE_IMPLS, "moe_impl", f"{self.moe_impl!r} not in {MOE_IMPLS}")
+    need(self.attention_impl in ATTENTION_IMPLS, "attention_impl",
+         f"{self.attention_impl!r} not in {ATTENTION_IMPLS}")
     need(self.moe_capacity_factor > 0, "moe_capacity_factor", f"must be > 0, got {self.moe_capacity_factor}")
     need(self.remat in ("none", "full", "dots"), "remat", f"{self.remat!r} not in ('none', 'full', 'dots')")
     for name in ("dtype", "param_dtype"):

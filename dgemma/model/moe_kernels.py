@@ -128,7 +128,7 @@ def pad_experts(gate_EDF, up_EDF, down_EFD, adapters, multiple: int):
           adapters)
 
 
-def _absl_flags_parsed():
+def absl_flags_parsed():
   """tokamax reads its options (tokamax._src.config) from absl flags and, when absl's FLAGS are not
   parsed yet, parses sys.argv itself: under pytest, in a notebook or any program not started by
   `absl.app.run` that raises UnrecognizedFlagError for the program's own arguments. Mark them parsed
@@ -148,7 +148,7 @@ def ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, implementation=None):
   as a `qwix.QArray` in lhs's dtype (the quantized kernels) through `_frozen_quantized_dot`.
   implementation None: 'xla' on CPU, tokamax's own choice elsewhere. Imports tokamax (about 1 s)."""
   import tokamax  # pylint: disable=g-import-not-at-top
-  _absl_flags_parsed()
+  absl_flags_parsed()
   cpu = jax.default_backend() == "cpu"
   fwd_impl = "xla" if implementation is None and cpu else implementation
   if not isinstance(rhs_GKN, qarray.QArray):

@@ -115,8 +115,13 @@ def test_tiny_variants_write_the_issues_json(tmp_path):
     assert v["weight_gib"] * 2**30 == quant.tree_bytes(shapes)
     assert v["peak_gib_4k"] >= v["weight_gib"]  # the 4k program's arguments hold the weights
   assert r["variants"]["fast_int4_experts"]["weight_gib"] < r["variants"]["dense_bf16"]["weight_gib"]
+  encode = r["prompt_encode"]  # issue #17 item 4: the 48-token prompt encode with each attention_impl
+  assert encode["prompt_len"] == 48 and set(encode) == {"prompt_len", "xla", "tokamax"}
+  for impl in ("xla", "tokamax"):
+    assert encode[impl]["ms"] > 0 and encode[impl]["peak_gib"] * 2**30 >= quant.tree_bytes(
+        bench.quantized_shapes(bench.model_config("tiny"), "none", 16)), impl  # its arguments hold the weights
   prof = r["profile"]
   assert prof["variant"] == "fast_int4_experts" and 0 < len(prof["per_step_ms"]) <= 5
   assert all(ms > 0 and n >= 1 for _, ms, n, _ in prof["per_step_ms"])
   text = bench.report(r)
-  assert "fast_int4_experts" in text and "ms/step" in text
+  assert "fast_int4_experts" in text and "ms/step" in text and "attention_impl=tokamax" in text

@@ -1,11 +1,22 @@
-"""dgemma.model.attention.attend against a float64 reference written with numpy (HF's repeat_kv, a masked
-softmax), values and gradients within per-entry fp32 bounds, including a query row with no allowed key (zeros)."""
+"""dgemma.model.attention.attend and attend_tokamax (tokamax.dot_product_attention) against a float64
+reference written with numpy (HF's repeat_kv, a masked softmax), values and gradients within per-entry fp32
+bounds, including a query row with no allowed key (zeros); `cfg.attention_impl` in the model."""
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from dgemma.model import attention
+from configs.models import tiny
+from dgemma.errors import ConfigError
+from dgemma.model import ModelConfig, Transformer, attention, init_cache
+from tests.model_utils import f64_config, float64, random_params, to_f64
+
+# Both implementations of the same arithmetic (tokamax: its XLA implementation on this CPU).
+ATTENDS = pytest.mark.parametrize("attend", [attention.attend, attention.attend_tokamax], ids=["xla", "tokamax"])
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -48,9 +59,10 @@ def _prob_rel_error(q, k, mask):
   return 2 * np.max(np.where(mask[:, None], err_s, 0), -1, keepdims=True) + 4 * EPS32
 
 
-def test_attend_matches_the_float64_reference():
+@ATTENDS
+def test_attend_matches_the_float64_reference(attend):
   q, k, v, mask = _inputs()
-  got = attention.attend(jnp.float32(q), jnp.float32(k), jnp.float32(v), jnp.asarray(mask), jnp.float32)
+  got = attend(jnp.float32(q), jnp.float32(k), jnp.float32(v), jnp.asarray(mask), jnp.float32)
   want = _reference(q, k, v, mask)
   assert got.shape == want.shape
   # The output is an S-term dot of the probabilities with v: 2 S eps sum p|v| for its own rounding plus the
@@ -64,15 +76,16 @@ def test_attend_matches_the_float64_reference():
   assert np.all(np.asarray(got)[0, 0] == 0.0)  # no allowed key: zeros, exactly
 
 
-def test_attend_gradients_match_float64_autodiff():
+@ATTENDS
+def test_attend_gradients_match_float64_autodiff(attend):
   q, k, v, mask = _inputs(seed=1)
   g = np.random.default_rng(2).standard_normal(q.shape).astype(np.float32).astype(np.float64)
 
-  def loss(q, k, v):
-    return jnp.sum(attention.attend(q, k, v, jnp.asarray(mask), q.dtype) * g.astype(q.dtype))
+  def loss(q, k, v, attend=attend):
+    return jnp.sum(attend(q, k, v, jnp.asarray(mask), q.dtype) * g.astype(q.dtype))
 
-  with jax.enable_x64():
-    want = jax.grad(loss, argnums=(0, 1, 2))(jnp.float64(q), jnp.float64(k), jnp.float64(v))
+  with jax.enable_x64():  # the reference: `attend`'s float64 autodiff, checked against numpy just below
+    want = jax.grad(functools.partial(loss, attend=attention.attend), argnums=(0, 1, 2))(jnp.float64(q), jnp.float64(k), jnp.float64(v))
     np.testing.assert_allclose(np.asarray(attention.attend(jnp.float64(q), jnp.float64(k), jnp.float64(v),
                                                             jnp.asarray(mask), jnp.float64)),
                                _reference(q, k, v, mask), rtol=0, atol=1e-12)  # float64 is the reference's
@@ -109,3 +122,65 @@ def test_attend_gradients_match_float64_autodiff():
     assert np.all(np.abs(np.asarray(a, np.float64) - b) <= atol), name
     # not vacuous: a gradient through a wrong transpose is off by O(|gradient|), far outside the bound
     assert np.abs(b).max() > 100 * atol.max(), (name, atol.max(), np.abs(b).max())
+
+
+# The model's encoder with each implementation. Two sliding layers (window 3, so the window cuts) and a global.
+ENC_CFG = dataclasses.replace(ModelConfig.from_config_dict(tiny.get_config()), num_layers=3,
+                              layer_types=("sliding", "sliding", "global"), sliding_window=3)
+
+
+def test_attention_impl_is_validated_and_resolved():
+  with pytest.raises(ConfigError, match="model.attention_impl"):
+    dataclasses.replace(ENC_CFG, attention_impl="flash")
+  assert attention.resolve_impl("tokamax") == "tokamax" and attention.resolve_impl("xla", "gpu") == "xla"
+  assert {attention.resolve_impl("auto", b) for b in ("cpu", "gpu", "tpu", "other")} <= {"xla", "tokamax"}
+
+
+@pytest.mark.parametrize("ring", [False, True], ids=["full_cache", "ring_cache"])
+def test_encoder_with_tokamax_matches_xla(ring):
+  # Packed rows (two documents, padding) encoded in two chunks into a cache, then a canvas decoded against it:
+  # the logits, the cache and (training's full cache) the parameter gradients with attention_impl='tokamax'
+  # equal 'xla''s. In float64,
+  # where the two differ only by summation order (~1e-14 here), so atol 1e-9 holds on any CPU.
+  B, T, C = 2, 10, 4
+  g = np.random.default_rng(0)
+  tokens = jnp.asarray(g.integers(5, ENC_CFG.vocab_size, (B, T)), jnp.int32)
+  canvas = jnp.asarray(g.integers(5, ENC_CFG.vocab_size, (B, C)), jnp.int32)
+  if ring:  # the sampler's layout: one document per row, right-padded, a ring for the sliding layers
+    seg = jnp.asarray([[1] * T, [1] * 7 + [0] * 3], jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    cpos = jnp.asarray([[T + i for i in range(C)], [7 + i for i in range(C)]], jnp.int32)
+  else:  # training's packed rows: row 0 holds two documents, row 1 is left-padded
+    seg = jnp.asarray([[1] * 6 + [2] * 4, [0] * 2 + [1] * 8], jnp.int32)
+    pos = jnp.asarray([list(range(6)) + list(range(4)), [0, 0] + list(range(8))], jnp.int32)
+    cpos = jnp.asarray([[4 + i for i in range(C)], [8 + i for i in range(C)]], jnp.int32)
+  cseg = jnp.asarray([[2] * C, [1] * C], jnp.int32) if not ring else jnp.ones((B, C), jnp.int32)
+  weights = jnp.asarray(g.standard_normal((B, T + C, ENC_CFG.vocab_size)))
+
+  def run(impl):
+    cfg = f64_config(dataclasses.replace(ENC_CFG, attention_impl=impl))
+    model = Transformer(cfg)
+
+    def forward(p):
+      cache = init_cache(cfg, B, T, sliding_ring=ring)
+      h = T // 2
+      l1, cache = model.apply({"params": p}, tokens[:, :h], pos[:, :h], seg[:, :h], cache, method=Transformer.encode)
+      l2, cache = model.apply({"params": p}, tokens[:, h:], pos[:, h:], seg[:, h:], cache, method=Transformer.encode)
+      dec = model.apply({"params": p}, canvas, cpos, cseg, cache, method=Transformer.decode)
+      logits = jnp.concatenate([l1, l2, dec], axis=1)
+      return jnp.sum(logits * weights), (logits, cache)
+
+    with float64():
+      p = to_f64(random_params(ENC_CFG))
+      if ring:  # inference only: no gradients
+        logits, cache = jax.jit(lambda p: forward(p)[1])(p)
+        return jax.tree.map(np.asarray, (logits, cache.k, cache.v))
+      (_, (logits, cache)), grads = jax.jit(jax.value_and_grad(forward, has_aux=True))(p)
+      return jax.tree.map(np.asarray, (logits, cache.k, cache.v, grads))
+
+  got, want = run("tokamax"), run("xla")
+  valid = np.concatenate([np.asarray(seg), np.asarray(cseg)], axis=1)[..., None] != 0
+  np.testing.assert_allclose(got[0] * valid, want[0] * valid, rtol=0, atol=1e-9)
+  assert np.abs(want[0] * valid).max() > 1.0  # not vacuous
+  for a, b in zip(jax.tree.leaves(got[1:]), jax.tree.leaves(want[1:])):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
