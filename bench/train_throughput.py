@@ -3,9 +3,9 @@
   .venv/bin/python bench/train_throughput.py --config=configs/demo.py [--steps=20]
 
 Prints tokens/s of the jitted train step (data already on device, compile excluded), the model
-FLOP rate it implies (6 x active parameters per encoder and decoder token, K canvases of C tokens per
-row, plus 2 per parameter per canvas token for the no-grad self-conditioning pass when enabled;
-attention's score FLOPs are not counted), and that rate as a fraction of a large f32 matmul's rate
+FLOP rate it implies (`dgemma.tools.params.train_step_flops`: 6 x active parameters per encoder and decoder
+token, K canvases of C tokens per row, plus 2 per parameter per canvas token for the no-grad
+self-conditioning pass when enabled; attention's score FLOPs are not counted), and that rate as a fraction of a large f32 matmul's rate
 measured in the same process (the machine's practical peak). Then, with --dots (default), the step's matmul
 ceiling (bench/dot_ceiling.py): every dot_general of the step's jaxpr timed alone, their FLOPs over their summed
 time, as a ratio to the same peak: the most the ratio above could reach with these matmul shapes if nothing else
@@ -29,6 +29,7 @@ from bench.timing import host_cpu
 from bench.train_setup import train_step_inputs
 from dgemma import settings as settings_lib
 from dgemma.model import count_params
+from dgemma.tools import params as params_tool
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Experiment config.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")
@@ -69,16 +70,7 @@ def main(argv):
   tokens = config.data.batch_size * config.data.seq_len
   counts = count_params(model_cfg)
   total, active = counts['total'], counts['active']
-  # Forward+backward = 6 FLOPs per active parameter per token, over the encoder's tokens (the row up to its
-  # last canvas) and the decoder's (K canvases of C); the self-conditioning first pass over the canvases is a
-  # forward only (2 per parameter). An AR run is one causal pass over the whole row.
-  d = settings.diffusion
-  if d.objective_record.autoregressive:
-    model_flops = 6 * active * tokens
-  else:
-    rows, canvas_tokens = config.data.batch_size, d.canvases_per_row * d.canvas_len
-    sc = 2 if (model_cfg.self_conditioning and d.self_cond_prob > 0) else 0
-    model_flops = rows * (6 * active * (config.data.seq_len - d.canvas_len + canvas_tokens) + sc * active * canvas_tokens)
+  model_flops = params_tool.train_step_flops(model_cfg, settings.diffusion, config.data.batch_size, config.data.seq_len)
   model_gflops = model_flops / sec_per_step / 1e9
   peak = matmul_gflops()
   print(f"cpu: {host_cpu()}")

@@ -4,7 +4,7 @@ and turned into typed, frozen settings here, once, and the library below takes t
   settings = dgemma.settings.from_config(config)   # every check; raises ConfigError naming the field
   settings.model       ModelConfig (dgemma.model), with the LoRA layout of `finetune`
   settings.data        DataSettings (+ .tokenizer, .sudoku)
-  settings.diffusion   DiffusionSettings (what dgemma.diffusion.loss reads)
+  settings.diffusion   DiffusionSettings (dgemma.diffusion.config: what dgemma.diffusion.loss reads)
   settings.opt         OptimizerSettings        settings.train     TrainSettings
   settings.finetune    FinetuneSettings         settings.mesh      MeshSettings
   settings.sample      SampleSettings (.sampler: SamplerConfig, .quant: QuantConfig, the request)
@@ -36,6 +36,7 @@ from dgemma import finetune as finetune_lib
 from dgemma import quant, tokenizers
 from dgemma.data import sources
 from dgemma.diffusion import distill as distill_lib, objectives, schedules
+from dgemma.diffusion.config import DiffusionSettings
 from dgemma.errors import ConfigError
 from dgemma.model.config import ModelConfig
 from dgemma.model.sharding import MESH_AXES
@@ -171,31 +172,6 @@ class DataSettings:
   messages_field: str
   sft_overflow: str
   encoding_errors: str
-
-
-@dataclasses.dataclass(frozen=True)
-class DiffusionSettings:
-  """`config.diffusion`: the corruption and the training objective (dgemma.diffusion.loss reads it)."""
-  canvas_len: int
-  t_eps: float = 1e-4
-  encoder_loss_weight: float = 1.0
-  self_cond_prob: float = 0.5
-  objective: str = "base_ce"
-  schedule: str = "linear"
-  schedule_eps: float = 1e-3
-  reweight_cap: float = 10.0
-  mask_id: int = 4
-  antithetic_t: bool = False
-  t_power: float = 1.0
-  canvases_per_row: int = 1
-  curriculum_steps: int = 0
-  curriculum_tau_start: float = 1e-3
-  curriculum_tau_end: float = 1e-3
-  curriculum_alpha_range: tuple[float, ...] = ()
-
-  @property
-  def objective_record(self) -> objectives.Objective:
-    return objectives.get(self.objective)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ Rounds (`distill.round_steps` training steps each): the teacher is a frozen copy
 start of every round (round 0: the trained run the student starts from, `train.init_from`), and dt doubles
 each round from 1 / teacher_steps up to 1 / student_steps: with teacher_steps = 64 and student_steps = 4, five
 rounds distil a 64-step teacher into a 4-step student, each round halving the steps the last one needed.
-The teacher's parameters live in the train state (`dgemma.train.state.DistillState`), so a resumed run
+The teacher's parameters live in the train state (`dgemma.train.state_types.DistillState`), so a resumed run
 continues with exactly the teacher it was using.
 
 Given (infilled) canvas tokens stay clean in both latents and are not scored, as in training. The student's

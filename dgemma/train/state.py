@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -26,20 +25,7 @@ from dgemma.model import ModelConfig, Transformer, param_shapes
 from dgemma.model import lora
 from dgemma.model.sharding import place, unbox
 from dgemma.train import optimizer as optimizer_lib
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-
-
-@flax.struct.dataclass
-class DistillState(TrainState):
-  """The state of a consistency-distillation run (distill.method='dcd', dgemma/diffusion/distill.py): the
-  student's TrainState plus the frozen teacher of the current round, checkpointed with it so that a resumed
-  run distils from exactly the teacher it had."""
-  teacher_params: Any
+from dgemma.train.state_types import DistillState, TrainState
 
 
 def with_teacher(state: TrainState, teacher_params: Any = None) -> DistillState:

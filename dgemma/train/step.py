@@ -17,7 +17,7 @@ from dgemma import finetune
 from dgemma.diffusion import distill as distill_lib
 from dgemma.diffusion import loss as diffusion_loss_lib
 from dgemma.model import ModelConfig
-from dgemma.train.state import TrainState
+from dgemma.train.state_types import TrainState
 
 
 def all_finite(tree) -> jax.Array:

@@ -11,7 +11,7 @@ import sentencepiece as spm
 
 from configs import tiny_test
 from dgemma import data
-from dgemma.settings import DiffusionSettings
+from dgemma.diffusion.config import DiffusionSettings
 from dgemma import settings as settings_lib
 from dgemma import diffusion, tokenizers
 from dgemma.data import sft

@@ -14,7 +14,7 @@ import numpy as np
 
 from configs.models import tiny
 from dgemma import diffusion
-from dgemma.settings import DiffusionSettings
+from dgemma.diffusion.config import DiffusionSettings
 from dgemma.model import ModelConfig, Transformer, init_cache
 from tests.model_utils import f64_config, float64, random_params, to_f64
 

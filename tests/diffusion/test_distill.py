@@ -22,7 +22,8 @@ from dgemma.diffusion import distill, loss as loss_lib, relaxation
 from dgemma.diffusion.corruption import split_context_canvas
 from dgemma.errors import ConfigError
 from dgemma.model import ModelConfig, Transformer
-from dgemma.settings import DiffusionSettings, DistillSettings
+from dgemma.diffusion.config import DiffusionSettings
+from dgemma.settings import DistillSettings
 from dgemma.train import loop
 from tests.model_utils import random_params, random_rows, save_random_run
 

@@ -14,7 +14,7 @@ import pytest
 import dgemma
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import params as params_ckpt
-from dgemma.settings import DiffusionSettings
+from dgemma.diffusion.config import DiffusionSettings
 from dgemma.diffusion import corrupt_rows, likelihood
 from dgemma.errors import ConfigError
 from dgemma.model import Transformer, init_cache

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dgemma.diffusion import loss
-from dgemma.settings import DiffusionSettings
+from dgemma.diffusion.config import DiffusionSettings
 
 
 @pytest.mark.parametrize("power", [1.0, 2.0, 3.0])

@@ -16,7 +16,7 @@ from scipy import special
 from configs.models import tiny
 from dgemma.diffusion import loss, relaxation
 from dgemma.model import ModelConfig
-from dgemma.settings import DiffusionSettings
+from dgemma.diffusion.config import DiffusionSettings
 from tests.model_utils import f64_config, float64, random_params, random_rows, to_f64
 
 

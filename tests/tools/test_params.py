@@ -67,3 +67,22 @@ def test_tiny_total_equals_init():
       flax.linen.unbox(variables["params"])).items() if "experts" in k)
   assert s["active"] == s["total"] - n_experts // 2  # top-2 of 4 experts
   assert "tiny" in params_tool.report(cfg, "tiny")
+
+
+def test_train_step_flops_counts_each_pass():
+  """6 per active parameter per trained token (encoder: the row before its last canvas; decoder: K canvases of C),
+  2 per active parameter per canvas token for the self-conditioning forward pass, one causal pass for AR."""
+  from dgemma.diffusion.config import DiffusionSettings
+  cfg = ModelConfig.from_config_dict(tiny.get_config())
+  active = params_tool.count_params(cfg)["active"]
+  rows, seq_len, C = 3, 64, 8
+  no_sc = params_tool.train_step_flops(cfg, DiffusionSettings(canvas_len=C, self_cond_prob=0.0), rows, seq_len)
+  assert no_sc == 6 * active * rows * seq_len  # one canvas: the encoder's 56 tokens and the decoder's 8
+  two = params_tool.train_step_flops(cfg, DiffusionSettings(canvas_len=C, self_cond_prob=0.0, canvases_per_row=2),
+                                     rows, seq_len)
+  assert two - no_sc == 6 * active * rows * C  # a second canvas is one more decoder pass over C tokens
+  assert cfg.self_conditioning
+  sc = params_tool.train_step_flops(cfg, DiffusionSettings(canvas_len=C), rows, seq_len)
+  assert sc - no_sc == 2 * active * rows * C
+  ar = params_tool.train_step_flops(cfg, DiffusionSettings(canvas_len=C, objective="ar"), rows, seq_len)
+  assert ar == 6 * active * rows * seq_len

@@ -1,0 +1,37 @@
+"""`config.diffusion` as typed settings: the corruption and the training objective that dgemma.diffusion.loss
+reads. dgemma.settings builds and checks it from an experiment config; code that has no config (a benchmark on a
+machine without ml_collections, a test) builds it directly.
+
+  DiffusionSettings(canvas_len=256, objective="loo_ce")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dgemma.diffusion import objectives
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffusionSettings:
+  """`config.diffusion`: the corruption and the training objective (dgemma.diffusion.loss reads it)."""
+  canvas_len: int
+  t_eps: float = 1e-4
+  encoder_loss_weight: float = 1.0
+  self_cond_prob: float = 0.5
+  objective: str = "base_ce"
+  schedule: str = "linear"
+  schedule_eps: float = 1e-3
+  reweight_cap: float = 10.0
+  mask_id: int = 4
+  antithetic_t: bool = False
+  t_power: float = 1.0
+  canvases_per_row: int = 1
+  curriculum_steps: int = 0
+  curriculum_tau_start: float = 1e-3
+  curriculum_tau_end: float = 1e-3
+  curriculum_alpha_range: tuple[float, ...] = ()
+
+  @property
+  def objective_record(self) -> objectives.Objective:
+    return objectives.get(self.objective)
