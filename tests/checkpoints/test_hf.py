@@ -228,6 +228,7 @@ def test_sharded_checkpoints(dg_dirs, tmp_path):
   assert all(torch.equal(sd0[k], sd1[k]) for k in sd0)
 
 
+@pytest.mark.slow  # builds the HF reference checkpoint with transformers (dg_dirs; tests/conftest.py, the fast tier)
 def test_bfloat16(dg_dirs, tmp_path):
   model, src = dg_dirs["sg"]
   _, p32 = hf.load_hf_checkpoint(src)
@@ -253,6 +254,7 @@ def test_bfloat16(dg_dirs, tmp_path):
   assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
 
 
+@pytest.mark.slow  # builds the HF reference checkpoint with transformers (dg_dirs; tests/conftest.py, the fast tier)
 def test_vision_tensors_skipped_with_one_notice(dg_dirs, caplog):
   _, src = dg_dirs["sg"]
   n_vision = sum(hf._is_multimodal(k) for k in _tensors(src))
@@ -271,6 +273,7 @@ def dg_tensors(dg_dirs):
   return _tensors(src), hf.read_config(src)
 
 
+@pytest.mark.slow  # builds the HF reference checkpoint with transformers (dg_dirs; tests/conftest.py, the fast tier)
 def test_missing_tensor(dg_tensors, tmp_path):
   tensors, config = dg_tensors
   name = "model.decoder.layers.1.self_attn.q_proj.weight"
@@ -280,6 +283,7 @@ def test_missing_tensor(dg_tensors, tmp_path):
     hf.load_hf_checkpoint(tmp_path)
 
 
+@pytest.mark.slow  # builds the HF reference checkpoint with transformers (dg_dirs; tests/conftest.py, the fast tier)
 def test_tied_copy_alone_suffices(dg_tensors, tmp_path):
   """Decoder weights absent but encoder copies present (an untied-save layout): loads the same."""
   tensors, config = dg_tensors
@@ -297,6 +301,7 @@ def test_tied_copy_alone_suffices(dg_tensors, tmp_path):
   assert all(np.array_equal(fa[k], fb[k]) for k in fa)
 
 
+@pytest.mark.slow  # builds the HF reference checkpoint with transformers (dg_dirs; tests/conftest.py, the fast tier)
 def test_wrong_shape(dg_tensors, tmp_path):
   tensors, config = dg_tensors
   name = "model.decoder.layers.0.experts.gate_up_proj"
@@ -307,6 +312,7 @@ def test_wrong_shape(dg_tensors, tmp_path):
     hf.load_hf_checkpoint(tmp_path)
 
 
+@pytest.mark.slow  # builds the HF reference checkpoint with transformers (dg_dirs; tests/conftest.py, the fast tier)
 def test_unexpected_tensor(dg_tensors, tmp_path):
   tensors, config = dg_tensors
   tensors["model.decoder.layers.0.self_attn.v_norm.weight"] = np.ones(16, np.float32)
@@ -315,6 +321,7 @@ def test_unexpected_tensor(dg_tensors, tmp_path):
     hf.load_hf_checkpoint(tmp_path)
 
 
+@pytest.mark.slow  # builds the HF reference checkpoint with transformers (dg_dirs; tests/conftest.py, the fast tier)
 def test_tied_copies_must_agree(dg_tensors, tmp_path):
   tensors, config = dg_tensors
   name = "model.encoder.language_model.layers.1.layer_scalar"
@@ -329,6 +336,7 @@ def test_tied_copies_must_agree(dg_tensors, tmp_path):
     hf.load_hf_checkpoint(tmp_path / "b")
 
 
+@pytest.mark.slow  # builds the HF reference checkpoint with transformers (dg_dirs; tests/conftest.py, the fast tier)
 def test_truncated_safetensors_names_the_file(dg_dirs, tmp_path):
   import shutil
   _, src = dg_dirs["sg"]
@@ -382,6 +390,7 @@ def test_gemma4_causal_load(tmp_path, caplog):
                      model.state_dict()["model.layers.3.experts.down_proj"])
 
 
+@pytest.mark.slow  # imports transformers (the torch reference: tests/conftest.py, the fast tier)
 def test_gemma4_conditional_and_dense(tmp_path, caplog):
   from dgemma.model import param_shapes
   import flax
@@ -406,6 +415,7 @@ def test_gemma4_conditional_and_dense(tmp_path, caplog):
     hf.export_hf_checkpoint(cfg, params, tmp_path / "x")
 
 
+@pytest.mark.slow  # builds the HF reference checkpoint with transformers (dg_dirs; tests/conftest.py, the fast tier)
 @pytest.mark.parametrize("pattern", hf_utils.PATTERNS)
 def test_tree_matches_model(dg_dirs, pattern):
   """The loaded tree is exactly the Flax model's parameter tree (the contract)."""
