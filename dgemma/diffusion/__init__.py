@@ -1,7 +1,8 @@
-"""The diffusion process in one place (as md4 keeps it): its settings (`config.DiffusionSettings`), noise
-schedules shared by training and sampling (`schedules`), the forward corruption (`corruption`) and its Gaussian relaxation (`relaxation`: Duo's
-curriculum), the objectives and likelihood integrands as records of one registry (`objectives`), and the
-training loss on packed rows (`loss`), and consistency distillation into a few-step student (`distill`).
+"""The diffusion process in one place (as md4 keeps it): its settings (`config.DiffusionSettings`), noise schedules
+shared by training and sampling (`schedules`), the forward corruption (`corruption`) and its Gaussian relaxation
+(`relaxation`: Duo's curriculum), the objectives and likelihood integrands as records of one registry
+(`objectives`), and the training loss on packed rows (`loss`), and consistency distillation into a few-step
+student (`distill`).
 
   from dgemma.diffusion import diffusion_loss, objectives, schedules
   alpha, dalpha = schedules.alpha_and_derivative("linear", t)
