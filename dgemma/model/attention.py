@@ -153,10 +153,9 @@ def attend_tokamax(q_BTNH, k_BSKH, v_BSKH, mask_BTS, dtype, implementation=None)
   Imports tokamax on first use (about 1 s), as dgemma.model.moe_kernels does."""
   import tokamax  # pylint: disable=g-import-not-at-top
   moe_kernels.absl_flags_parsed()
-  if implementation is None and jax.default_backend() == "cpu":
-    implementation = "xla"
   out_BTNH = tokamax.dot_product_attention(q_BTNH.astype(dtype), k_BSKH.astype(dtype), v_BSKH.astype(dtype),
-                                           mask=mask_BTS[:, None], scale=1.0, implementation=implementation)
+                                           mask=mask_BTS[:, None], scale=1.0,
+                                           implementation=moe_kernels.default_implementation(implementation))
   return jnp.where(jnp.any(mask_BTS, axis=-1)[:, :, None, None], out_BTNH, 0).astype(dtype)
 
 

@@ -143,20 +143,25 @@ _TRANS_RHS_DIMS = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1],
                                                     lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
 
 
+def default_implementation(implementation=None):
+  """A tokamax `implementation` argument: None becomes 'xla' on CPU (tokamax's other implementations are GPU / TPU
+  kernels), and stays None (tokamax's own order) elsewhere."""
+  return "xla" if implementation is None and jax.default_backend() == "cpu" else implementation
+
+
 def ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, implementation=None):
   """`tokamax.ragged_dot` with the output in lhs's dtype. `rhs` a plain array, or a `qarray.QArray`: passed
   as a `qwix.QArray` in lhs's dtype (the quantized kernels) through `_frozen_quantized_dot`.
   implementation None: 'xla' on CPU, tokamax's own choice elsewhere. Imports tokamax (about 1 s)."""
   import tokamax  # pylint: disable=g-import-not-at-top
   absl_flags_parsed()
-  cpu = jax.default_backend() == "cpu"
-  fwd_impl = "xla" if implementation is None and cpu else implementation
+  fwd_impl = default_implementation(implementation)
   if not isinstance(rhs_GKN, qarray.QArray):
     return tokamax.ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, preferred_element_type=lhs_MK.dtype,
                               implementation=fwd_impl)
   dlhs_impl = implementation
   if implementation is None:
-    dlhs_impl = "xla" if cpu else ("triton", "xla") if jax.default_backend() == "gpu" else None
+    dlhs_impl = ("triton", "xla") if jax.default_backend() == "gpu" else default_implementation()
   return _frozen_quantized_dot(lhs_MK, to_qwix(rhs_GKN, lhs_MK.dtype), group_sizes_G, fwd_impl, dlhs_impl)
 
 
