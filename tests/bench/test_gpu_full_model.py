@@ -2,26 +2,19 @@
 the GPU image has, and its tiny CPU mode runs the same code path end to end."""
 
 import dataclasses
-import importlib.util
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from configs.models import diffusiongemma_26b_a4b
 from dgemma.model import ModelConfig
 from dgemma.tools import params as params_tool
+from tests.bench.gpu_image import ROOT, import_on_gpu_image, load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_full_model.py"
 
 
 def _load():
-  spec = importlib.util.spec_from_file_location("gpu_full_model", SCRIPT)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script(SCRIPT)
 
 
 def test_full_config_is_the_released_preset():
@@ -33,28 +26,11 @@ def test_full_config_is_the_released_preset():
                                                                             moe_capacity_factor=2.0)
 
 
-_BLOCKED = ("ml_collections", "grain", "tensorflow_datasets", "tensorflow", "tensorboardX", "sentencepiece",
-            "torch", "transformers")
-
-
 @pytest.mark.slow  # a subprocess
 def test_imports_only_what_the_gpu_image_has():
   """Imports the script (and with it dgemma.model, dgemma.sampling, dgemma.tools.params) and builds the
   full config with the packages the GPU image lacks made unimportable."""
-  code = f"""
-import importlib.abc, sys
-class Block(importlib.abc.MetaPathFinder):
-  def find_spec(self, name, path, target=None):
-    if name.split('.')[0] in {_BLOCKED!r}:
-      raise ImportError('blocked on the GPU image: ' + name)
-sys.meta_path.insert(0, Block())
-import importlib.util
-spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})
-g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
-print(g.model_config('full').d_model)
-"""
-  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+  out = import_on_gpu_image(SCRIPT, "g.model_config('full').d_model")
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.split()[-1] == "2816"
 

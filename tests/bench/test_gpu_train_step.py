@@ -3,12 +3,8 @@ image has, and its tiny CPU mode runs the library's train step end to end with f
 timings (issue #17 item 8)."""
 
 import dataclasses
-import importlib.util
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,16 +12,13 @@ from configs.models import medium
 from dgemma.diffusion.config import DiffusionSettings
 from dgemma.model import ModelConfig, count_params
 from dgemma.tools import params as params_tool
+from tests.bench.gpu_image import ROOT, import_on_gpu_image, load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_train_step.py"
 
 
 def _load():
-  spec = importlib.util.spec_from_file_location("gpu_train_step", SCRIPT)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script(SCRIPT)
 
 
 def test_medium_is_the_preset_and_one_to_two_billion_parameters():
@@ -40,21 +33,7 @@ def test_medium_is_the_preset_and_one_to_two_billion_parameters():
 
 @pytest.mark.slow  # a subprocess
 def test_imports_only_what_the_gpu_image_has():
-  from tests.bench.test_gpu_full_model import _BLOCKED
-  code = f"""
-import importlib.abc, sys
-class Block(importlib.abc.MetaPathFinder):
-  def find_spec(self, name, path, target=None):
-    if name.split('.')[0] in {_BLOCKED!r}:
-      raise ImportError('blocked on the GPU image: ' + name)
-sys.meta_path.insert(0, Block())
-import importlib.util
-spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})
-g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
-print(g.model_config('medium', 'dense').d_model)
-"""
-  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+  out = import_on_gpu_image(SCRIPT, "g.model_config('medium', 'dense').d_model")
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.split()[-1] == "1536"
 
