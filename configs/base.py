@@ -105,6 +105,13 @@ def get_config() -> ml_collections.ConfigDict:
                                          # oldest context tokens ('truncate_left') or raise ('error')
   config.diffusion.canvases_per_row = 1  # K: the row's last K * canvas_len tokens are K canvases denoised in
                                          # one block-causal decoder pass (1 = a single canvas)
+  # Short canvases (training only; dgemma/diffusion/loss.py docstring): a second decoder pass on the same encoder
+  # cache denoises the row's last A * short_canvas_len tokens as A short canvases; the loss is
+  # (1 - short_canvas_weight) * the configured canvases' loss + short_canvas_weight * theirs. Teaches the decoder
+  # to read its clean context early (docs/results.md, "A diffusion likelihood against the truth").
+  config.diffusion.short_canvas_len = 0  # S (0 = off), e.g. 2
+  config.diffusion.short_canvases_per_row = 0  # A (0 = as many as the K canvases' tokens cover)
+  config.diffusion.short_canvas_weight = 0.5
 
   # Optimiser: AdamW, linear warmup then cosine decay, global-norm clipping.
   config.opt = ml_collections.ConfigDict()

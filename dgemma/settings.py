@@ -377,6 +377,9 @@ def _diffusion(d, seq_len: int) -> DiffusionSettings:
       antithetic_t=_bool("diffusion.antithetic_t", d.antithetic_t),
       t_power=_float("diffusion.t_power", d.t_power, 0.0, 10.0, lo_open=True),
       canvases_per_row=_int("diffusion.canvases_per_row", d.canvases_per_row, 1),
+      short_canvas_len=_int("diffusion.short_canvas_len", d.short_canvas_len, 0),
+      short_canvases_per_row=_int("diffusion.short_canvases_per_row", d.short_canvases_per_row, 0),
+      short_canvas_weight=_float("diffusion.short_canvas_weight", d.short_canvas_weight, 0.0, 1.0),
       curriculum_steps=_int("diffusion.curriculum_steps", d.curriculum_steps, 0),
       curriculum_tau_start=_float("diffusion.curriculum_tau_start", d.curriculum_tau_start, 0.0, lo_open=True),
       curriculum_tau_end=_float("diffusion.curriculum_tau_end", d.curriculum_tau_end, 0.0, lo_open=True),
@@ -389,6 +392,13 @@ def _diffusion(d, seq_len: int) -> DiffusionSettings:
         f"{K} canvases of diffusion.canvas_len={out.canvas_len} do not fit in data.seq_len={seq_len}")
   _need(K == 1 or not out.objective_record.autoregressive, "diffusion.canvases_per_row",
         f"objective 'ar' has no canvases; use 1, got {K}")
+  if out.short_canvas_len:
+    _need(not out.objective_record.autoregressive, "diffusion.short_canvas_len",
+          f"objective 'ar' has no canvases; use 0, got {out.short_canvas_len}")
+    A = out.num_short_canvases
+    _need(A * out.short_canvas_len < seq_len, "diffusion.short_canvases_per_row",
+          f"{A} short canvases of diffusion.short_canvas_len={out.short_canvas_len} leave no context in "
+          f"data.seq_len={seq_len} (0 = as many as diffusion.canvases_per_row * canvas_len tokens cover)")
   window = out.curriculum_alpha_range
   _need(not window or (len(window) == 2 and 0.0 <= window[0] < window[1] < 1.0), "diffusion.curriculum_alpha_range",
         f"need () or (alpha_lo, alpha_hi) with 0 <= alpha_lo < alpha_hi < 1, got {window}")
@@ -582,6 +592,8 @@ def _cross_checks(st: Settings) -> None:
   _need(st.sample.sampler.max_context > diff.canvas_len, "sample.max_context",
         f"must exceed diffusion.canvas_len={diff.canvas_len}, got {st.sample.sampler.max_context}")
   if distill_lib.enabled(st.distill):
+    _need(diff.short_canvas_len == 0, "diffusion.short_canvas_len",
+          f"consistency distillation trains the configured canvases only; use 0, got {diff.short_canvas_len}")
     _need(bool(st.train.init_from), "train.init_from", "distill.method='dcd' distils a trained run: name it here "
           "(a training workdir or params checkpoint; configs/distill_dcd.py:TEACHER sets it)")
     _need(st.objective.corruption == objectives.UNIFORM and not st.objective.autoregressive, "distill.method",

@@ -93,15 +93,17 @@ def profile(model: dgemma.Model, chain: markov.MarkovChain, texts: list[str], *,
 
   ctx, canvas = split_context_canvas(batch, C)
   # The clean contexts are the same for every t, draw and probe: encoded once.
-  _, cache = jax.jit(lambda: transformer.apply(
+  enc_logits_BTV, cache = jax.jit(lambda: transformer.apply(
       {"params": model.params}, ctx["tokens"], ctx["positions"], ctx["segment_ids"],
       init_cache(model_cfg, ctx["tokens"].shape[0], ctx["tokens"].shape[1], dtype=jnp.dtype(model_cfg.dtype)),
-      return_logits=False, method=Transformer.encode))()
+      return_logits=model_cfg.decoder_shift, method=Transformer.encode))()
+  prev_BKV = enc_logits_BTV[:, -1:] if model_cfg.decoder_shift else None  # model.decoder_shift: the token before
 
   @jax.jit
   def model_integrand(noisy_BC, alpha):
     decode = lambda sc: transformer.apply({"params": model.params}, noisy_BC, canvas["positions"],
-                                          canvas["segment_ids"], cache, sc_logits_BCV=sc, method=Transformer.decode)
+                                          canvas["segment_ids"], cache, sc_logits_BCV=sc, prev_logits_BKV=prev_BKV,
+                                          method=Transformer.decode)
     logits_BCV = decode(None)
     if st.eval.self_conditioning and model_cfg.self_conditioning:
       logits_BCV = decode(logits_BCV)

@@ -31,6 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
       final_logit_softcap=30.0,
       rms_eps=1e-6,
       self_conditioning=True,
+      decoder_shift=False,  # not in the released model (dgemma/model/config.py)
       moe_impl="ragged",
       moe_capacity_factor=1.5,  # moe_impl="capacity" only
       attention_impl="auto",

@@ -27,10 +27,21 @@ class DiffusionSettings:
   antithetic_t: bool = False
   t_power: float = 1.0
   canvases_per_row: int = 1
+  short_canvas_len: int = 0
+  short_canvases_per_row: int = 0
+  short_canvas_weight: float = 0.5
   curriculum_steps: int = 0
   curriculum_tau_start: float = 1e-3
   curriculum_tau_end: float = 1e-3
   curriculum_alpha_range: tuple[float, ...] = ()
+
+  @property
+  def num_short_canvases(self) -> int:
+    """A, the short canvases per row (dgemma/diffusion/loss.py docstring): 0 without them; short_canvases_per_row,
+    or when that is 0 as many as the configured canvases' tokens cover."""
+    if not self.short_canvas_len:
+      return 0
+    return self.short_canvases_per_row or max(1, self.canvases_per_row * self.canvas_len // self.short_canvas_len)
 
   @property
   def objective_record(self) -> objectives.Objective:

@@ -134,8 +134,13 @@ def dcd_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, teache
 
   def forward(p, noisy_BC, want_enc_logits):
     apply = lambda *a, **k: model.apply({"params": p}, *a, mutable=["intermediates"], **k)
-    return loss_lib.denoise(apply, ctx, canvas, noisy_BC, keys_B3[:, 2], model_cfg=model_cfg, loss_cfg=loss_cfg,
-                            want_enc_logits=want_enc_logits)
+    enc_logits_BTV, cache, enc_vars = loss_lib.encode_context(
+        apply, ctx, model_cfg=model_cfg, want_enc_logits=want_enc_logits or model_cfg.decoder_shift)
+    prev_BKV = (loss_lib.logits_before_canvases(enc_logits_BTV, batch["tokens"].shape[1], C, K)
+                if model_cfg.decoder_shift else None)
+    logits_BCV, dec_vars = loss_lib.denoise(apply, cache, canvas, noisy_BC, keys_B3[:, 2], model_cfg=model_cfg,
+                                            loss_cfg=loss_cfg, num_canvases=K, prev_logits_BKV=prev_BKV)
+    return logits_BCV, enc_logits_BTV, (enc_vars, dec_vars)
 
   teacher_BCV, _, _ = forward(jax.lax.stop_gradient(teacher_params), z_s, False)
   teacher_BCV = jax.lax.stop_gradient(teacher_BCV)

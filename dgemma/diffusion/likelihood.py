@@ -193,12 +193,13 @@ def _diffusion_batch(params, rows, doc_B, canvas_B, seed, *, model_cfg: ModelCon
   ctx, canvas = split_context_canvas(rows, loss_cfg.canvas_len)
   batch = rows["tokens"].shape[0]
   cache = init_cache(model_cfg, batch, ctx["tokens"].shape[1], dtype=jnp.dtype(model_cfg.dtype))
-  _, cache = model.apply({"params": params}, ctx["tokens"], ctx["positions"], ctx["segment_ids"], cache,
-                         return_logits=False, method=Transformer.encode)
+  enc_logits_BTV, cache = model.apply({"params": params}, ctx["tokens"], ctx["positions"], ctx["segment_ids"],
+                                      cache, return_logits=model_cfg.decoder_shift, method=Transformer.encode)
+  prev_BKV = enc_logits_BTV[:, -1:] if model_cfg.decoder_shift else None  # the token before the canvas
 
   def logits_fn(noisy_BC, alpha_B):
     decode = lambda sc: model.apply({"params": params}, noisy_BC, canvas["positions"], canvas["segment_ids"], cache,
-                                    sc_logits_BCV=sc, method=Transformer.decode)
+                                    sc_logits_BCV=sc, prev_logits_BKV=prev_BKV, method=Transformer.decode)
     logits_BCV = decode(None)
     if self_conditioning and model_cfg.self_conditioning:  # training's second pass: pass-1 logits as the signal
       logits_BCV = decode(logits_BCV)

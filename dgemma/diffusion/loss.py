@@ -16,6 +16,18 @@ canvas), so canvas k is conditioned on the clean text before it and never on any
 the loss equals the single-canvas loss of each row cut after canvas k, summed over k (noise of
 canvas k drawn as for example `id * K + k`); K = 1 is exactly the single-canvas loss.
 
+Short canvases (`diffusion.short_canvas_len` = S > 0): a second decoder pass over the same encoder cache
+denoises the row's last A * S tokens as A canvases of S tokens each (A = `diffusion.short_canvases_per_row`, 0 =
+as many as the configured canvases cover), block-causally as above, with their own noise; the loss adds
+`short_canvas_weight` * (their canvas loss) to (1 - short_canvas_weight) * (the configured canvases' loss). The
+encoder then reads the row up to the last canvas of the shorter kind, and each decoder pass reads the cache
+only up to its own canvases' start, so every canvas still sees exactly the clean text before it. Short
+canvases put every target within S tokens of clean text: on the Markov source (docs/results.md, "A diffusion
+likelihood against the truth") a 32-token canvas loss alone leaves the decoder predicting letter frequencies
+for hundreds of steps, and two-token canvases in every step teach it to read its context. The short pass
+has no self-conditioning (its signal is zero, as at the sampler's first step) and is training only:
+evaluation (`eval_metrics`) scores the configured canvases alone, so runs with and without it compare.
+
 Per-token targets: a batch may carry `loss_mask` [B, L] (SFT: 1 on response tokens, 0 on the
 prompt). Canvas tokens are scored only where it is 1, and the encoder's next-token loss only on
 targets where it is 1. Without it every non-padding token is a target.
@@ -46,6 +58,7 @@ divided by whole-batch token counts (`batch_totals`), so micro-batch losses add 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -83,20 +96,34 @@ def target_mask(batch: dict[str, jax.Array]) -> jax.Array:
   return mask
 
 
+def context_len(seq_len: int, loss_cfg) -> int:
+  """Tokens the encoder reads: the row up to the start of the last canvas of the shortest kind trained."""
+  shortest = min(loss_cfg.canvas_len, loss_cfg.short_canvas_len or loss_cfg.canvas_len)
+  return seq_len - shortest
+
+
+def training_only(loss_cfg):
+  """`loss_cfg` as evaluation reads it: the configured canvases, without the training-only short ones."""
+  return dataclasses.replace(loss_cfg, short_canvas_len=0) if loss_cfg.short_canvas_len else loss_cfg
+
+
 def batch_totals(batch: dict[str, jax.Array], loss_cfg) -> dict[str, jax.Array]:
-  """Whole-batch normalisers: examples, scored canvas tokens, encoder next-token targets (fp32)."""
+  """Whole-batch normalisers: examples, scored canvas tokens (and short canvas tokens, when trained), encoder
+  next-token targets (fp32)."""
   seg_BL = batch["segment_ids"]
   tgt_BL = target_mask(batch)
+  f32 = lambda x: jnp.sum(x.astype(jnp.float32))
+  out = {"examples": jnp.asarray(seg_BL.shape[0], jnp.float32)}
   if objectives.get(loss_cfg.objective).autoregressive:
     enc_w = next_token_weights(seg_BL, tgt_BL)
     canvas_w = enc_w[:, -loss_cfg.canvas_len:]
   else:
-    ctx_len = seg_BL.shape[1] - loss_cfg.canvas_len
+    ctx_len = context_len(seg_BL.shape[1], loss_cfg)
     enc_w = next_token_weights(seg_BL[:, :ctx_len], tgt_BL[:, :ctx_len])
     canvas_w = tgt_BL[:, -loss_cfg.canvas_len * loss_cfg.canvases_per_row:]
-  f32 = lambda x: jnp.sum(x.astype(jnp.float32))
-  return {"examples": jnp.asarray(seg_BL.shape[0], jnp.float32), "canvas_tokens": f32(canvas_w),
-          "encoder_tokens": f32(enc_w)}
+    if loss_cfg.short_canvas_len:
+      out["short_canvas_tokens"] = f32(tgt_BL[:, -loss_cfg.short_canvas_len * loss_cfg.num_short_canvases:])
+  return dict(out, canvas_tokens=f32(canvas_w), encoder_tokens=f32(enc_w))
 
 
 def sample_times(keys_B: jax.Array, example_ids_B: jax.Array, rng: jax.Array, num_examples: jax.Array,
@@ -141,36 +168,59 @@ def canvas_keys(rng_examples: jax.Array, example_ids_B: jax.Array, num_canvases:
   return ids, jax.vmap(lambda i: jax.random.split(jax.random.fold_in(rng_examples, i), 3))(ids)
 
 
-def denoise(apply, ctx: dict, canvas: dict, noisy_BC: jax.Array, sc_keys_B: jax.Array, *, model_cfg: ModelConfig,
-            loss_cfg, probs_BCV: jax.Array | None = None, want_enc_logits: bool = False):
-  """The training forward pass: the encoder over the clean context `ctx` fills the KV cache (and gives
-  next-token logits when `want_enc_logits`), then the decoder reads the noisy canvases `noisy_BC` [B, K*C]
-  (or their soft rows `probs_BCV`). Returns (canvas logits, encoder logits or None, (encoder vars, scored
-  decoder pass vars)).
-
-  Self-conditioning training: a first decoder pass without it; its logits (no gradient) feed the scored
-  second pass for each canvas with probability self_cond_prob (drawn from `sc_keys_B`, one key per canvas;
-  zeros otherwise). The first pass's router losses carry no gradient and are not returned."""
+def encode_context(apply, ctx: dict, *, model_cfg: ModelConfig, want_enc_logits: bool = False):
+  """The encoder over the clean context `ctx` into a fresh KV cache. Returns (next-token logits or None, cache,
+  encoder vars)."""
   batch_size, ctx_len = ctx["tokens"].shape
-  K = loss_cfg.canvases_per_row
   cache = init_cache(model_cfg, batch_size, ctx_len, dtype=jnp.dtype(model_cfg.dtype))
   (enc_logits_BTV, cache), enc_vars = apply(ctx["tokens"], ctx["positions"], ctx["segment_ids"], cache,
                                             return_logits=want_enc_logits, method=Transformer.encode)
+  return enc_logits_BTV, cache, enc_vars
+
+
+def logits_before_canvases(enc_logits_BTV: jax.Array | None, seq_len: int, canvas_len: int, num_canvases: int):
+  """`model.decoder_shift`: the encoder's logits at the clean token before each of the K canvases of
+  `canvas_len` that end a row of `seq_len` ([B, K, V]; None without encoder logits)."""
+  if enc_logits_BTV is None:
+    return None
+  starts = [seq_len - (num_canvases - k) * canvas_len for k in range(num_canvases)]
+  return jnp.stack([enc_logits_BTV[:, start - 1] for start in starts], axis=1)
+
+
+def cache_before(cache, seq_len: int, canvas_len: int):
+  """`cache` as canvases of `canvas_len` tokens ending a row of `seq_len` read it: slots before the last
+  canvas's start (the block-causal mask counts each canvas's start back from there; attention.py)."""
+  return cache.replace(length=jnp.asarray(seq_len - canvas_len, jnp.int32))
+
+
+def denoise(apply, cache, canvas: dict, noisy_BC: jax.Array, sc_keys_B: jax.Array, *, model_cfg: ModelConfig,
+            loss_cfg, num_canvases: int, probs_BCV: jax.Array | None = None, self_condition: bool = True,
+            prev_logits_BKV: jax.Array | None = None):
+  """The training decoder pass over the noisy canvases `noisy_BC` [B, K*C] (or their soft rows `probs_BCV`),
+  K = `num_canvases`, reading `cache` (`encode_context`, cut by `cache_before`). Returns (canvas logits,
+  scored pass vars).
+
+  Self-conditioning training (`self_condition` and the model has it): a first decoder pass without it; its
+  logits (no gradient) feed the scored second pass for each canvas with probability self_cond_prob (drawn
+  from `sc_keys_B`, one key per canvas; zeros otherwise). The first pass's router losses carry no gradient
+  and are not returned. Otherwise one pass with a zero signal. `prev_logits_BKV`: `model.decoder_shift`'s
+  encoder logits before each canvas (`logits_before_canvases`)."""
+  batch_size = noisy_BC.shape[0]
+  K = num_canvases
 
   def decode(sc_logits_BCV, sc_mask_B):
     return apply(noisy_BC, canvas["positions"], canvas["segment_ids"], cache, sc_logits_BCV=sc_logits_BCV,
-                 sc_mask_B=sc_mask_B, num_canvases=K, canvas_probs_BCV=probs_BCV, method=Transformer.decode)
+                 sc_mask_B=sc_mask_B, num_canvases=K, canvas_probs_BCV=probs_BCV, prev_logits_BKV=prev_logits_BKV,
+                 method=Transformer.decode)
 
-  if model_cfg.self_conditioning and loss_cfg.self_cond_prob > 0:
+  if self_condition and model_cfg.self_conditioning and loss_cfg.self_cond_prob > 0:
     first_BCV, _ = decode(None, None)
     first_BCV = jax.lax.stop_gradient(first_BCV)
     sc_mask_B = jax.vmap(lambda k: jax.random.uniform(k, ()))(sc_keys_B) < loss_cfg.self_cond_prob
     if K > 1:  # per canvas -> per token of the row
       sc_mask_B = jnp.repeat(sc_mask_B.reshape(batch_size, K), noisy_BC.shape[1] // K, axis=1)
-    logits_BCV, dec_vars = decode(first_BCV, sc_mask_B)
-  else:
-    logits_BCV, dec_vars = decode(None, None)
-  return logits_BCV, enc_logits_BTV, (enc_vars, dec_vars)
+    return decode(first_BCV, sc_mask_B)
+  return decode(None, None)
 
 
 def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, model_cfg: ModelConfig,
@@ -191,7 +241,9 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   relaxation of the canvas (module docstring). None (evaluation) is the discrete process.
   """
   model = Transformer(model_cfg)
-  batch_size = batch["tokens"].shape[0]
+  batch_size, seq_len = batch["tokens"].shape
+  if eval_metrics:
+    loss_cfg = training_only(loss_cfg)
   if example_ids_B is None:
     example_ids_B = jnp.arange(batch_size, dtype=jnp.int32)
   if totals is None:
@@ -205,10 +257,12 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   if objective.autoregressive:
     return _ar_loss(apply, batch, model_cfg, loss_cfg, totals, router_scale, eval_metrics)
 
-  # Clean context = the row up to the last canvas; decoder input = the last K canvases (K = 1: one).
+  # Clean context = the row up to the last canvas (of the shortest kind trained); decoder input = the last K
+  # canvases (K = 1: one).
   K, C = loss_cfg.canvases_per_row, loss_cfg.canvas_len
-  ctx, _ = split_context_canvas(batch, C)
+  ctx = {k: v[:, :context_len(seq_len, loss_cfg)] for k, v in batch.items()}
   _, canvas = split_context_canvas(batch, K * C)
+  row_ids_B = example_ids_B
   example_ids_B, keys_B3 = canvas_keys(rng_examples, example_ids_B, K)
   t_B = sample_times(keys_B3[:, 0], example_ids_B, rng_batch, totals["examples"] * K, loss_cfg)
   alpha_B, dalpha_B = schedules.alpha_and_derivative(loss_cfg.schedule, t_B, loss_cfg.schedule_eps)
@@ -242,22 +296,20 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   else:
     noisy_BC, replaced_BC = discrete_noise(None)
   noisy_BC, replaced_BC = noisy_BC.reshape(batch_size, K * C), replaced_BC.reshape(batch_size, K * C)
-  if "infill_mask" in canvas:  # given canvas tokens stay clean (module docstring)
-    held_BC = canvas["infill_mask"] != 0
-    noisy_BC = jnp.where(held_BC, canvas["tokens"], noisy_BC)
-    replaced_BC = replaced_BC & ~held_BC
-    if probs_BCV is not None:
-      probs_BCV = jnp.where(held_BC[..., None], jax.nn.one_hot(canvas["tokens"], V, dtype=jnp.float32), probs_BCV)
-  per_token = lambda x_B: jnp.repeat(x_B.reshape(batch_size, K), C, axis=1)  # per canvas -> [B, K*C]
+  noisy_BC, replaced_BC, probs_BCV = hold_infilled(canvas, noisy_BC, replaced_BC, probs_BCV, V)
 
   want_enc_logits = loss_cfg.encoder_loss_weight > 0
-  logits_BCV, enc_logits_BTV, (enc_vars, dec_vars) = denoise(
-      apply, ctx, canvas, noisy_BC, keys_B3[:, 2], model_cfg=model_cfg, loss_cfg=loss_cfg, probs_BCV=probs_BCV,
-      want_enc_logits=want_enc_logits)
+  enc_logits_BTV, cache, enc_vars = encode_context(apply, ctx, model_cfg=model_cfg,
+                                                   want_enc_logits=want_enc_logits or model_cfg.decoder_shift)
+  shift_source_BTV = enc_logits_BTV if model_cfg.decoder_shift else None
+  logits_BCV, dec_vars = denoise(apply, cache_before(cache, seq_len, C), canvas, noisy_BC, keys_B3[:, 2],
+                                 model_cfg=model_cfg, loss_cfg=loss_cfg, num_canvases=K, probs_BCV=probs_BCV,
+                                 prev_logits_BKV=logits_before_canvases(shift_source_BTV, seq_len, C, K))
 
   # Canvas objective (dgemma/diffusion/objectives.py), per token, at each example's (alpha, alpha').
   targets_BC = canvas["tokens"]
   canvas_w_BC = target_mask(canvas).astype(jnp.float32)
+  per_token = lambda x_B: jnp.repeat(x_B.reshape(batch_size, K), C, axis=1)  # per canvas -> [B, K*C]
   alpha_BC, dalpha_BC = per_token(alpha_B), per_token(dalpha_B)
   loss_BC = objective.loss(logits_BCV, targets_BC, noisy_BC, alpha_BC, dalpha_BC,
                            reweight_cap=loss_cfg.reweight_cap, mask_id=loss_cfg.mask_id, replaced_N=replaced_BC)
@@ -273,13 +325,63 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
     nelbo_BC = nelbo_BC * per_token(uniform_time_weight(t_B, loss_cfg))
     metrics["canvas_nelbo"] = jnp.sum(nelbo_BC * canvas_w_BC) / n_canvas
   loss = canvas_loss
+  scored_vars = [enc_vars, dec_vars]
+  if loss_cfg.short_canvas_len:
+    short_loss, short_ce, short_vars = _short_canvas_loss(
+        apply, cache, batch, jax.random.fold_in(rng, 1), row_ids_B, totals, model_cfg=model_cfg, loss_cfg=loss_cfg,
+        shift_source_BTV=shift_source_BTV)
+    w = loss_cfg.short_canvas_weight
+    loss = (1.0 - w) * canvas_loss + w * short_loss
+    metrics.update(short_canvas_loss=short_loss, short_canvas_ce=short_ce)
+    scored_vars.append(short_vars)
   if want_enc_logits:
     encoder_loss = encoder_next_token_loss(enc_logits_BTV, ctx, totals)
     metrics["encoder_loss"] = encoder_loss
     loss = loss + loss_cfg.encoder_loss_weight * encoder_loss
-  loss = loss + add_router_losses(metrics, [enc_vars, dec_vars], model_cfg, router_scale)
+  loss = loss + add_router_losses(metrics, scored_vars, model_cfg, router_scale)
   metrics["loss"] = loss
   return loss, metrics
+
+
+def hold_infilled(canvas: dict, noisy_BC: jax.Array, replaced_BC: jax.Array, probs_BCV: jax.Array | None, V: int):
+  """Given canvas tokens (`infill_mask`, module docstring) stay clean and are not counted as replaced."""
+  if "infill_mask" not in canvas:
+    return noisy_BC, replaced_BC, probs_BCV
+  held_BC = canvas["infill_mask"] != 0
+  noisy_BC = jnp.where(held_BC, canvas["tokens"], noisy_BC)
+  if probs_BCV is not None:
+    probs_BCV = jnp.where(held_BC[..., None], jax.nn.one_hot(canvas["tokens"], V, dtype=jnp.float32), probs_BCV)
+  return noisy_BC, replaced_BC & ~held_BC, probs_BCV
+
+
+def _short_canvas_loss(apply, cache, batch: dict, rng: jax.Array, row_ids_B: jax.Array, totals: dict, *,
+                       model_cfg: ModelConfig, loss_cfg, shift_source_BTV: jax.Array | None = None):
+  """(loss, CE, decoder vars) of the row's last A canvases of S = short_canvas_len tokens: the objective on
+  their own noise (canvas k of row b drawn as example b * A + k of `rng`), one decoder pass (zero
+  self-conditioning signal) over `cache`; sums divided by totals['short_canvas_tokens'] (module docstring)."""
+  batch_size, seq_len = batch["tokens"].shape
+  S, A = loss_cfg.short_canvas_len, loss_cfg.num_short_canvases
+  objective = objectives.get(loss_cfg.objective)
+  _, canvas = split_context_canvas(batch, A * S)
+  rng_examples, rng_batch = jax.random.split(rng)
+  ids_B, keys_B3 = canvas_keys(rng_examples, row_ids_B, A)
+  t_B = sample_times(keys_B3[:, 0], ids_B, rng_batch, totals["examples"] * A, loss_cfg)
+  alpha_B, dalpha_B = schedules.alpha_and_derivative(loss_cfg.schedule, t_B, loss_cfg.schedule_eps)
+  V = model_cfg.vocab_size
+  noisy_BC, replaced_BC = corrupt_rows(keys_B3[:, 1], canvas["tokens"].reshape(-1, S), 1.0 - alpha_B, V,
+                                       mask_id=loss_cfg.mask_id if objective.masked else None)
+  noisy_BC, replaced_BC, _ = hold_infilled(canvas, noisy_BC.reshape(batch_size, A * S),
+                                           replaced_BC.reshape(batch_size, A * S), None, V)
+  logits_BCV, dec_vars = denoise(apply, cache_before(cache, seq_len, S), canvas, noisy_BC, keys_B3[:, 2],
+                                 model_cfg=model_cfg, loss_cfg=loss_cfg, num_canvases=A, self_condition=False,
+                                 prev_logits_BKV=logits_before_canvases(shift_source_BTV, seq_len, S, A))
+  per_token = lambda x_B: jnp.repeat(x_B.reshape(batch_size, A), S, axis=1)
+  loss_BC = objective.loss(logits_BCV, canvas["tokens"], noisy_BC, per_token(alpha_B), per_token(dalpha_B),
+                           reweight_cap=loss_cfg.reweight_cap, mask_id=loss_cfg.mask_id, replaced_N=replaced_BC)
+  w_BC = target_mask(canvas).astype(jnp.float32)
+  n = jnp.maximum(totals["short_canvas_tokens"], 1.0)
+  ce_sum, _, _ = masked_cross_entropy(logits_BCV, canvas["tokens"], w_BC)
+  return jnp.sum(loss_BC * w_BC) / n, ce_sum / n, dec_vars
 
 
 def encoder_next_token_loss(enc_logits_BTV: jax.Array, ctx: dict, totals: dict[str, jax.Array]) -> jax.Array:

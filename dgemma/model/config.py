@@ -40,6 +40,11 @@ class ModelConfig:
     final_logit_softcap: logits = c * tanh(logits / c); 0 disables.
     rms_eps: RMSNorm epsilon.
     self_conditioning: whether the decoder has the self-conditioning module.
+    decoder_shift: not in the released model (False keeps HF parity): canvas position p is scored by the
+      decoder's output at p - 1, and a canvas's first position by the encoder's causal logits at the clean
+      token before it, so each position is predicted where the token to its left sits, as the encoder's
+      next-token head predicts (Dream and DiffuLLaMA shift the same way). Callers of `Transformer.decode` pass
+      those encoder logits (`prev_logits_BKV`). Same parameters; a research option (docs/model.md).
     moe_impl: 'auto' (the default: per platform at trace time from measured figures,
       dgemma.model.moe.resolve_impl), 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts,
       test reference), 'capacity' (per-expert slabs + batched matmuls, the slab size picked per call from
@@ -88,6 +93,7 @@ class ModelConfig:
   final_logit_softcap: float = 30.0
   rms_eps: float = 1e-6
   self_conditioning: bool = True
+  decoder_shift: bool = False
   moe_impl: str = "auto"
   moe_capacity_factor: float = 1.5
   attention_impl: str = "auto"

@@ -374,7 +374,7 @@ class Transformer(nn.Module):
 
   def decode(self, canvas_BC, positions_BC, segment_ids_BC, cache: KVCache, sc_logits_BCV=None,
              sc_mask_B=None, num_canvases: int = 1, sc_embeddings_BCD=None, per_query_window: bool = False,
-             canvas_probs_BCV=None):
+             canvas_probs_BCV=None, prev_logits_BKV=None):
     """Bidirectional pass over the canvas reading (never writing) `cache`. Returns logits_BCV (fp32).
 
     sc_logits_BCV: previous step's logits for self-conditioning (None = zero signal); or
@@ -387,6 +387,8 @@ class Transformer(nn.Module):
     canvas_probs_BCV: distributions over the vocabulary read in place of the canvas tokens, embedded as
       probs @ table * sqrt(D) (training's Gaussian-relaxation curriculum, dgemma/diffusion/relaxation.py; a
       one-hot row embeds as its token does, exactly at fp32 compute).
+    prev_logits_BKV: with `cfg.decoder_shift` (required then, ignored otherwise), the encoder's logits at the
+      clean token before each of the K canvases; they score each canvas's first position (`shift_canvas_logits`).
     """
     cfg = self.cfg
     positions_BC = positions_BC.astype(jnp.int32)
@@ -419,7 +421,13 @@ class Transformer(nn.Module):
     x_BCD = constrain(self.perturb("decoder_inputs", x_BCD), RESIDUAL_AXES)
     x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)
     self._sow_aux(aux)
-    return self._logits(x_BCD)
+    logits_BCV = self._logits(x_BCD)
+    if cfg.decoder_shift:
+      if prev_logits_BKV is None:
+        raise ValueError("decode: model.decoder_shift needs prev_logits_BKV, the encoder's logits at the token "
+                         "before each canvas")
+      logits_BCV = shift_canvas_logits(logits_BCV, prev_logits_BKV)
+    return logits_BCV
 
   def __call__(self, tokens_BT, positions_BT, segment_ids_BT, canvas_BC, positions_BC, segment_ids_BC,
                sc_logits_BCV=None, sc_mask_B=None, return_enc_logits: bool = True):
@@ -427,9 +435,22 @@ class Transformer(nn.Module):
     canvas against it. Returns (enc_logits_BTV or None, dec_logits_BCV)."""
     cache = init_cache(self.cfg, tokens_BT.shape[0], tokens_BT.shape[1], layers.compute_dtype(self.cfg))
     enc_logits, cache = self.encode(tokens_BT, positions_BT, segment_ids_BT, cache,
-                                    return_logits=return_enc_logits)
-    dec_logits = self.decode(canvas_BC, positions_BC, segment_ids_BC, cache, sc_logits_BCV, sc_mask_B)
-    return enc_logits, dec_logits
+                                    return_logits=return_enc_logits or self.cfg.decoder_shift)
+    prev = enc_logits[:, -1:] if self.cfg.decoder_shift else None
+    dec_logits = self.decode(canvas_BC, positions_BC, segment_ids_BC, cache, sc_logits_BCV, sc_mask_B,
+                             prev_logits_BKV=prev)
+    return (enc_logits if return_enc_logits else None), dec_logits
+
+
+def shift_canvas_logits(dec_logits_BCV: jax.Array, prev_logits_BKV: jax.Array) -> jax.Array:
+  """`ModelConfig.decoder_shift`: the logits scoring each of K canvases of C = (columns / K) positions are
+  [the encoder's logits at the token before the canvas, the decoder's outputs at positions 0 .. C - 2]
+  (position p predicted from p - 1; the decoder's output at the canvas's last position is dropped)."""
+  B, KC, V = dec_logits_BCV.shape
+  K = prev_logits_BKV.shape[1]
+  dec_BKCV = dec_logits_BCV.reshape(B, K, KC // K, V)
+  first_BK1V = prev_logits_BKV[:, :, None].astype(dec_logits_BCV.dtype)
+  return jnp.concatenate([first_BK1V, dec_BKCV[:, :, :-1]], axis=2).reshape(B, KC, V)
 
 
 # ---- parameter accounting (no allocation) -----------------------------------------------------

@@ -11,7 +11,8 @@ Reference doc, "Two modes" and "Sampler (released defaults)" / "Commit"; HF 5.24
      sampler) is cut after its first end token, the rest padded (PAD); the valid tokens are
      appended to the cache by a causal encode pass at the positions they were denoised at (the pad
      tail gets segment 0, so the next canvas's positions continue right after the valid tokens).
-     The last canvas is never committed.
+     The last canvas is never committed. With `model.decoder_shift` the prompt encode and each commit also
+     keep the encoder's logits at the row's last valid token: they score the next canvas's first position.
   4. Rows that ended stay PAD and take no more decoder passes; the loop stops early when every row
      ended (`early_exit`, `lax.while_loop`) or runs all canvases (`lax.scan`).
 Shapes are static: one compilation per (batch, prompt length, max_new_tokens, settings).
@@ -66,6 +67,17 @@ class _GenState:
   tokens_BM: jax.Array    # [B, num_canvases * C]
   num_forwards_B: jax.Array
   traj: Optional[Trajectory] = None
+  prev_logits_BV: Optional[jax.Array] = None  # model.decoder_shift: the encoder's logits at the last valid token
+
+
+def last_valid_logits(logits_BTV: jax.Array, valid_count_B: jax.Array, previous_BV: jax.Array | None = None):
+  """The logits at each row's last valid token (index valid_count - 1); rows with no valid token keep
+  `previous_BV` (or index 0 without one)."""
+  idx_B = jnp.maximum(valid_count_B - 1, 0)
+  out_BV = jnp.take_along_axis(logits_BTV, idx_B[:, None, None], axis=1)[:, 0]
+  if previous_BV is None:
+    return out_BV
+  return jnp.where((valid_count_B > 0)[:, None], out_BV, previous_BV)
 
 
 def num_canvases(max_new_tokens: int, canvas_len: int) -> int:
@@ -163,8 +175,11 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
   iota_P = jnp.arange(prompt_len, dtype=jnp.int32)
   prompt_seg_BP = (iota_P[None, :] < lengths_B[:, None]).astype(jnp.int32)
   prompt_pos_BP = jnp.broadcast_to(iota_P, (batch, prompt_len))
-  _, cache = apply(prompt_BP.astype(jnp.int32), prompt_pos_BP, prompt_seg_BP, cache,
-                   return_logits=False, method="encode")
+  shift = bool(getattr(mcfg, "decoder_shift", False))
+  prompt_logits_BPV, cache = apply(prompt_BP.astype(jnp.int32), prompt_pos_BP, prompt_seg_BP, cache,
+                                   return_logits=shift, method="encode")
+  # model.decoder_shift: the first canvas position is scored by the logits at the token before it
+  prev_logits_BV = last_valid_logits(prompt_logits_BPV, lengths_B).astype(jnp.float32) if shift else None
 
   # infilling targets, padded to whole canvases (an all-False mask when not infilling: one program)
   pad = M - max_new_tokens
@@ -185,6 +200,8 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
       if use_sc:  # the logits (HF) or their soft embedding (official), as the sampler carries it
         signal = dict(sc_embeddings_BCD=sc_BCX) if official else dict(sc_logits_BCV=sc_BCX)
         signal["sc_mask_B"] = sc_mask_B
+      if shift:
+        signal["prev_logits_BKV"] = st.prev_logits_BV[:, None]
       return apply(canvas_BC, pos_BC, ones_BC, st.cache, per_query_window=official, method="decode", **signal)
 
     fixed_BC = jax.lax.dynamic_slice_in_dim(fixed_BM, k * C, C, axis=1)
@@ -199,11 +216,18 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
     cut_BC = jnp.where(valid_BC, cut_BC, cfg.pad_id)
     tokens_BM = jax.lax.dynamic_update_slice_in_dim(st.tokens_BM, cut_BC, k * C, axis=1)
 
-    def commit(cache):
-      _, cache = apply(cut_BC, pos_BC, valid_BC.astype(jnp.int32), cache, return_logits=False, method="encode")
-      return cache
+    n_valid_B = jnp.sum(valid_BC, axis=-1, dtype=jnp.int32)
 
-    cache = jax.lax.cond(k < K - 1, commit, lambda c: c, st.cache) if K > 1 else st.cache
+    def commit(carry):
+      cache, prev_BV = carry
+      logits_BCV, cache = apply(cut_BC, pos_BC, valid_BC.astype(jnp.int32), cache, return_logits=shift,
+                                method="encode")
+      if shift:  # valid tokens are a prefix of the canvas
+        prev_BV = last_valid_logits(logits_BCV, n_valid_B, prev_BV).astype(jnp.float32)
+      return cache, prev_BV
+
+    carry = (st.cache, st.prev_logits_BV)
+    cache, prev_logits_BV = jax.lax.cond(k < K - 1, commit, lambda c: c, carry) if K > 1 else carry
 
     traj = st.traj
     if trajectory == "all":
@@ -211,10 +235,9 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
     elif trajectory == "first":
       traj = jax.tree.map(lambda buf, new: jnp.where(k == 0, new[None], buf), traj, den.traj)
 
-    return _GenState(canvas_idx=k + 1, cache=cache,
-                     committed_B=st.committed_B + jnp.sum(valid_BC, axis=-1, dtype=jnp.int32),
+    return _GenState(canvas_idx=k + 1, cache=cache, committed_B=st.committed_B + n_valid_B,
                      ended_B=st.ended_B | has_end_B, tokens_BM=tokens_BM,
-                     num_forwards_B=st.num_forwards_B + den.num_forwards_B, traj=traj)
+                     num_forwards_B=st.num_forwards_B + den.num_forwards_B, traj=traj, prev_logits_BV=prev_logits_BV)
 
   traj0 = None
   if record:
@@ -223,7 +246,7 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
                          Trajectory.empty(cfg.max_denoising_steps, batch, C))
   state = _GenState(canvas_idx=jnp.zeros((), jnp.int32), cache=cache, committed_B=jnp.zeros((batch,), jnp.int32),
                     ended_B=jnp.zeros((batch,), bool), tokens_BM=jnp.full((batch, M), cfg.pad_id, jnp.int32),
-                    num_forwards_B=jnp.zeros((batch,), jnp.int32), traj=traj0)
+                    num_forwards_B=jnp.zeros((batch,), jnp.int32), traj=traj0, prev_logits_BV=prev_logits_BV)
   # 4. canvas after canvas
   if cfg.early_exit:
     state = jax.lax.while_loop(lambda st: (st.canvas_idx < K) & ~jnp.all(st.ended_B), body, state)

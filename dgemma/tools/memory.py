@@ -121,8 +121,9 @@ def canvas_step_program(cfg: ModelConfig, qcfg: quant.QuantConfig, context: int,
     ones = jnp.ones((batch, canvas), jnp.int32)
 
     def decode_fn(canvas_BC, sc_logits_BCV, sc_mask_B):
+      prev = jnp.zeros((batch, 1, cfg.vocab_size), jnp.float32) if cfg.decoder_shift else None  # (shapes only)
       return model.apply({"params": params}, canvas_BC, positions, ones, cache, sc_logits_BCV=sc_logits_BCV,
-                         sc_mask_B=sc_mask_B, method="decode")
+                         sc_mask_B=sc_mask_B, prev_logits_BKV=prev, method="decode")
 
     noise = as_noise(key, batch)
     state = denoise_canvas(decode_fn, scfg, noise, noise.init_canvas(0, canvas, cfg.vocab_size), cfg.vocab_size,

@@ -148,7 +148,9 @@ def test_dcd_loss_is_zero_at_its_fixed_point_and_is_the_kl_of_separate_passes():
 
   def logits(params, noisy):
     apply = lambda *a, **k: Transformer(CFG).apply({"params": params}, *a, mutable=["intermediates"], **k)
-    out, _, _ = loss_lib.denoise(apply, ctx, canvas, noisy, keys_B3[:, 2], model_cfg=CFG, loss_cfg=loss_cfg)
+    _, cache, _ = loss_lib.encode_context(apply, ctx, model_cfg=CFG)
+    out, _ = loss_lib.denoise(apply, cache, canvas, noisy, keys_B3[:, 2], model_cfg=CFG, loss_cfg=loss_cfg,
+                              num_canvases=1)
     return np.asarray(out, np.float64)
   log_softmax = lambda x: x - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)) - x.max(-1, keepdims=True)
   lp, lq = log_softmax(logits(other, z_s)), log_softmax(logits(student, z_t))

@@ -3,6 +3,7 @@ batched block-AR bound against a slow per-canvas loop with the facts file's lite
 estimator against known entropies, the AR exact NLL, units, the checks before anything is allocated, and the
 loader's errors."""
 
+import dataclasses
 import json
 import math
 
@@ -92,12 +93,17 @@ def test_canvas_bound_terms_match_the_literal_formula():
 
 
 @pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
-def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
+@pytest.mark.parametrize("decoder_shift", [False, True])
+def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config, decoder_shift):
   """The batched model path (left-padded windows, padding rows, partial canvas) against one right-padded
   encode / decode per canvas and the literal formulas. The two programs differ in layout and shapes, so
-  model logits agree only to ~1e-4 in fp32, which the NELBO's 1/t weight amplifies: rtol 2e-3."""
+  model logits agree only to ~1e-4 in fp32, which the NELBO's 1/t weight amplifies: rtol 2e-3.
+  decoder_shift: the slow path runs the unshifted model and shifts by hand (position p scored by the decoder's
+  output at p - 1, the first by the encoder's logits at the canvas's last context token)."""
   config = _config(tiny_config)
+  config.model.decoder_shift = decoder_shift
   model_cfg = settings_lib.from_config(config).model
+  plain_cfg = dataclasses.replace(model_cfg, decoder_shift=False)
   params = random_params(model_cfg)
   tok = ByteTokenizer()
   docs = [likelihood.cut_document(t, tok, 0) for t in TEXTS]
@@ -111,7 +117,7 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
   out = evaluate(config)
   assert out["canvases"] == 3 and out["measure"] == "nelbo_bound"
   loss_cfg = settings_lib.from_config(config).diffusion
-  model = Transformer(model_cfg)
+  model = Transformer(plain_cfg)
   K, C, M, V = 16, 16, 2, model_cfg.vocab_size
 
   @jax.jit
@@ -121,12 +127,16 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
     R = z_MC.shape[0]
     ctx_RK = jnp.broadcast_to(ctx_K, (R, K))
     seg_RK = jnp.broadcast_to(jnp.arange(K) < ctx_len, (R, K)).astype(jnp.int32)
-    _, cache = model.apply({"params": params}, ctx_RK, jnp.broadcast_to(jnp.arange(K), (R, K)), seg_RK,
-                           init_cache(model_cfg, R, K), return_logits=False, method=Transformer.encode)
+    enc_RKV, cache = model.apply({"params": params}, ctx_RK, jnp.broadcast_to(jnp.arange(K), (R, K)), seg_RK,
+                                 init_cache(plain_cfg, R, K), return_logits=True, method=Transformer.encode)
     pos = jnp.broadcast_to(ctx_len + jnp.arange(C), (R, C))
     seg = jnp.broadcast_to(jnp.arange(C) < n, (R, C)).astype(jnp.int32)
     dec = lambda sc: model.apply({"params": params}, z_MC, pos, seg, cache, sc_logits_BCV=sc, method=Transformer.decode)
-    return dec(dec(None))
+    if not decoder_shift:
+      return dec(dec(None))
+    prev_RV = enc_RKV[:, ctx_len - 1]
+    shift = lambda out_RCV: jnp.concatenate([prev_RV[:, None], out_RCV[:, :-1]], axis=1)
+    return shift(dec(shift(dec(None))))  # the second pass reads the first pass's (shifted) logits
 
   def right_pad(x, length):
     out = np.zeros((length,), np.int32)
@@ -154,6 +164,8 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config):
   assert out["nats_per_token_se"] > 0
   assert evaluate(config)["total_nats"] == out["total_nats"]  # deterministic
 
+  if decoder_shift:
+    return
   # AR: the exact NLL of the same canvases given the same windows, against per-canvas prefix scoring
   config.diffusion.objective = "ar"
   ar = evaluate(config)

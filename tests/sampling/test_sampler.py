@@ -5,6 +5,7 @@ Token-exact parity with HF transformers 5.24 is in tests/sampling/test_parity.py
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import jax
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from dgemma.errors import ConfigError
-from dgemma.model import init_cache
+from dgemma.model import Transformer, init_cache
 from dgemma.sampling import (SamplerConfig, cut_after_end, entropy, generate, temperature,
                              trajectory_steps)
 from tests.sampling.helpers import (C_SYN, B_SYN, run_synthetic, C, S, N, PROMPTS, P, tiny_model, Messages,
@@ -161,6 +162,45 @@ def test_committed_canvas_continues_the_context(tiny):
     h = reference_entropy(ctx, len(PROMPTS[b]) + C, traj.canvas_SBC[1, 0, b][None])
     # another cache layout: fp32 round-off only, each within 4e-6 of float64 (measured; see test_batch_invariance)
     np.testing.assert_allclose(np.asarray(h), traj.entropy_SBC[1, 0, b], atol=1e-4, err_msg=f"row {b}")
+
+
+def test_decoder_shift_scores_each_position_from_the_one_before(tiny):
+  """model.decoder_shift in generate: at every canvas's first step, position 0 is scored by the encoder's logits at
+  the row's last valid token (the prompt's, then canvas 1's), positions 1.. by the decoder's output one position
+  to their left. Reference: the unshifted model on a fresh contiguous cache, shifted by hand; compared through
+  the tempered entropies the sampler records (fp32 round-off of another cache layout, as above: atol 1e-4)."""
+  model, params = tiny["model"], tiny["params"]
+  shifted = Transformer(dataclasses.replace(model.cfg, decoder_shift=True))
+  out = jax.tree.map(np.asarray, generate(shifted, params, tiny["prompts"], tiny["lengths"], tiny["cfg"],
+                                          tiny["keys"], N, return_trajectory="all"))
+  traj = out.trajectory
+  t0 = temperature(tiny["cfg"], 0)
+
+  @jax.jit
+  def reference_entropy(ctx_1L, length, canvas_1C):
+    L = ctx_1L.shape[1]
+    iota = jnp.arange(L)[None]
+    enc_1LV, cache = model.apply({"params": params}, ctx_1L, iota, (iota < length).astype(jnp.int32),
+                                 init_cache(model.cfg, 1, L), return_logits=True, method="encode")
+    dec_1CV = model.apply({"params": params}, canvas_1C, length + jnp.arange(C)[None], jnp.ones_like(canvas_1C),
+                          cache, method="decode")
+    logits_1CV = jnp.concatenate([enc_1LV[:, length - 1][:, None], dec_1CV[:, :-1]], axis=1)
+    return entropy(logits_1CV / t0)[0][0]
+
+  checked = 0
+  for b in range(3):
+    for k in (0, 1):
+      if not traj.active_SB[k, 0, b]:
+        continue
+      ctx = np.concatenate([PROMPTS[b], out.tokens_BN[b, :k * C]])
+      length = len(ctx)
+      ctx = np.pad(ctx, (0, P + C - length))[None]
+      h = reference_entropy(ctx, length, traj.canvas_SBC[k, 0, b][None])
+      np.testing.assert_allclose(np.asarray(h), traj.entropy_SBC[k, 0, b], atol=1e-4, err_msg=f"row {b} canvas {k}")
+      checked += 1
+  assert checked >= 4
+  # The unshifted run's first-step entropies differ (the option is not a no-op).
+  assert np.abs(tiny["out"].trajectory.entropy_SBC[0, 0] - traj.entropy_SBC[0, 0]).max() > 1e-2
 
 
 def test_infilling_forces_tokens_and_end_cut(tiny):

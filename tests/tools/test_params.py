@@ -86,3 +86,7 @@ def test_train_step_flops_counts_each_pass():
   assert sc - no_sc == 2 * active * rows * C
   ar = params_tool.train_step_flops(cfg, DiffusionSettings(canvas_len=C, objective="ar"), rows, seq_len)
   assert ar == 6 * active * rows * seq_len
+  # Short canvases: the encoder reads S - C more tokens (up to the last short canvas), one more decoder pass over
+  # their A * S tokens, no self-conditioning pass for them.
+  short = params_tool.train_step_flops(cfg, DiffusionSettings(canvas_len=C, short_canvas_len=2), rows, seq_len)
+  assert short - sc == 6 * active * rows * ((C - 2) + C)
