@@ -426,6 +426,9 @@ class Transformer(nn.Module):
       if prev_logits_BKV is None:
         raise ValueError("decode: model.decoder_shift needs prev_logits_BKV, the encoder's logits at the token "
                          "before each canvas")
+      if prev_logits_BKV.shape[1] != num_canvases:
+        raise ValueError(f"decode: prev_logits_BKV holds {prev_logits_BKV.shape[1]} canvases' logits, the decoder "
+                         f"input {num_canvases}")
       logits_BCV = shift_canvas_logits(logits_BCV, prev_logits_BKV)
     return logits_BCV
 

@@ -57,6 +57,9 @@ def test_decode_without_the_encoder_logits_is_an_error():
   noisy = jnp.zeros((B, K * C), jnp.int32)
   with pytest.raises(ValueError, match="prev_logits_BKV"):
     _decode(dataclasses.replace(CFG, decoder_shift=True), params, _batch(), noisy, None)
+  with pytest.raises(ValueError, match="holds 1 canvases' logits, the decoder input 3"):
+    _decode(dataclasses.replace(CFG, decoder_shift=True), params, _batch(), noisy,
+            jnp.zeros((B, 1, CFG.vocab_size)))
 
 
 def test_hf_export_refuses_the_shift(tmp_path):
