@@ -28,6 +28,10 @@ for hundreds of steps, and two-token canvases in every step teach it to read its
 has no self-conditioning (its signal is zero, as at the sampler's first step) and is training only:
 evaluation (`eval_metrics`) scores the configured canvases alone, so runs with and without it compare.
 
+Shifted decoder output (`model.decoder_shift`, dgemma/model/config.py): the encoder's logits are computed even
+without the encoder loss, and those at the clean token before each canvas (`logits_before_canvases`) score the
+canvas's first position; every decoder pass above (the short one and the self-conditioning one included) shifts.
+
 Per-token targets: a batch may carry `loss_mask` [B, L] (SFT: 1 on response tokens, 0 on the
 prompt). Canvas tokens are scored only where it is 1, and the encoder's next-token loss only on
 targets where it is 1. Without it every non-padding token is a target.
