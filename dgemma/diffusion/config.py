@@ -43,6 +43,11 @@ class DiffusionSettings:
       return 0
     return self.short_canvases_per_row or max(1, self.canvases_per_row * self.canvas_len // self.short_canvas_len)
 
+  def encoder_len(self, seq_len: int) -> int:
+    """Tokens of a `seq_len` row the training encoder reads: the row up to the start of the last canvas of the
+    shortest kind trained (the configured canvases, or the short ones when shorter)."""
+    return seq_len - min(self.canvas_len, self.short_canvas_len or self.canvas_len)
+
   @property
   def objective_record(self) -> objectives.Objective:
     return objectives.get(self.objective)

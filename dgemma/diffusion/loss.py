@@ -100,12 +100,6 @@ def target_mask(batch: dict[str, jax.Array]) -> jax.Array:
   return mask
 
 
-def context_len(seq_len: int, loss_cfg) -> int:
-  """Tokens the encoder reads: the row up to the start of the last canvas of the shortest kind trained."""
-  shortest = min(loss_cfg.canvas_len, loss_cfg.short_canvas_len or loss_cfg.canvas_len)
-  return seq_len - shortest
-
-
 def training_only(loss_cfg):
   """`loss_cfg` as evaluation reads it: the configured canvases, without the training-only short ones."""
   return dataclasses.replace(loss_cfg, short_canvas_len=0) if loss_cfg.short_canvas_len else loss_cfg
@@ -122,7 +116,7 @@ def batch_totals(batch: dict[str, jax.Array], loss_cfg) -> dict[str, jax.Array]:
     enc_w = next_token_weights(seg_BL, tgt_BL)
     canvas_w = enc_w[:, -loss_cfg.canvas_len:]
   else:
-    ctx_len = context_len(seg_BL.shape[1], loss_cfg)
+    ctx_len = loss_cfg.encoder_len(seg_BL.shape[1])
     enc_w = next_token_weights(seg_BL[:, :ctx_len], tgt_BL[:, :ctx_len])
     canvas_w = tgt_BL[:, -loss_cfg.canvas_len * loss_cfg.canvases_per_row:]
     if loss_cfg.short_canvas_len:
@@ -170,6 +164,16 @@ def canvas_keys(rng_examples: jax.Array, example_ids_B: jax.Array, num_canvases:
   K = num_canvases
   ids = (example_ids_B[:, None] * K + jnp.arange(K, dtype=jnp.int32)[None, :]).reshape(-1)
   return ids, jax.vmap(lambda i: jax.random.split(jax.random.fold_in(rng_examples, i), 3))(ids)
+
+
+def canvas_times(rng: jax.Array, row_ids_B: jax.Array, num_canvases: int, totals: dict[str, jax.Array], loss_cfg):
+  """The per-canvas draws of K = `num_canvases` canvases per row: (canvas ids [B*K], keys [B*K, 3] (`canvas_keys`),
+  t, alpha(t), alpha'(t) [B*K]); `rng` splits into the per-example and the batch (antithetic) streams."""
+  rng_examples, rng_batch = jax.random.split(rng)
+  ids_B, keys_B3 = canvas_keys(rng_examples, row_ids_B, num_canvases)
+  t_B = sample_times(keys_B3[:, 0], ids_B, rng_batch, totals["examples"] * num_canvases, loss_cfg)
+  alpha_B, dalpha_B = schedules.alpha_and_derivative(loss_cfg.schedule, t_B, loss_cfg.schedule_eps)
+  return ids_B, keys_B3, t_B, alpha_B, dalpha_B
 
 
 def encode_context(apply, ctx: dict, *, model_cfg: ModelConfig, want_enc_logits: bool = False):
@@ -253,7 +257,6 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   if totals is None:
     totals = batch_totals(batch, loss_cfg)
   router_scale = batch_size / totals["examples"]
-  rng_examples, rng_batch = jax.random.split(rng)
   apply = lambda *a, **k: model.apply({"params": params}, *a, mutable=["intermediates"], **k)
   metrics: dict[str, jax.Array] = {}
 
@@ -264,12 +267,9 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   # Clean context = the row up to the last canvas (of the shortest kind trained); decoder input = the last K
   # canvases (K = 1: one).
   K, C = loss_cfg.canvases_per_row, loss_cfg.canvas_len
-  ctx = {k: v[:, :context_len(seq_len, loss_cfg)] for k, v in batch.items()}
+  ctx = {k: v[:, :loss_cfg.encoder_len(seq_len)] for k, v in batch.items()}
   _, canvas = split_context_canvas(batch, K * C)
-  row_ids_B = example_ids_B
-  example_ids_B, keys_B3 = canvas_keys(rng_examples, example_ids_B, K)
-  t_B = sample_times(keys_B3[:, 0], example_ids_B, rng_batch, totals["examples"] * K, loss_cfg)
-  alpha_B, dalpha_B = schedules.alpha_and_derivative(loss_cfg.schedule, t_B, loss_cfg.schedule_eps)
+  _, keys_B3, t_B, alpha_B, dalpha_B = canvas_times(rng, example_ids_B, K, totals, loss_cfg)
   mask_id = loss_cfg.mask_id if objective.masked else None
   V = model_cfg.vocab_size
   clean_BC = canvas["tokens"].reshape(-1, C)
@@ -332,7 +332,7 @@ def diffusion_loss(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, 
   scored_vars = [enc_vars, dec_vars]
   if loss_cfg.short_canvas_len:
     short_loss, short_ce, short_vars = _short_canvas_loss(
-        apply, cache, batch, jax.random.fold_in(rng, 1), row_ids_B, totals, model_cfg=model_cfg, loss_cfg=loss_cfg,
+        apply, cache, batch, jax.random.fold_in(rng, 1), example_ids_B, totals, model_cfg=model_cfg, loss_cfg=loss_cfg,
         shift_source_BTV=shift_source_BTV)
     w = loss_cfg.short_canvas_weight
     loss = (1.0 - w) * canvas_loss + w * short_loss
@@ -367,10 +367,7 @@ def _short_canvas_loss(apply, cache, batch: dict, rng: jax.Array, row_ids_B: jax
   S, A = loss_cfg.short_canvas_len, loss_cfg.num_short_canvases
   objective = objectives.get(loss_cfg.objective)
   _, canvas = split_context_canvas(batch, A * S)
-  rng_examples, rng_batch = jax.random.split(rng)
-  ids_B, keys_B3 = canvas_keys(rng_examples, row_ids_B, A)
-  t_B = sample_times(keys_B3[:, 0], ids_B, rng_batch, totals["examples"] * A, loss_cfg)
-  alpha_B, dalpha_B = schedules.alpha_and_derivative(loss_cfg.schedule, t_B, loss_cfg.schedule_eps)
+  _, keys_B3, _, alpha_B, dalpha_B = canvas_times(rng, row_ids_B, A, totals, loss_cfg)
   V = model_cfg.vocab_size
   noisy_BC, replaced_BC = corrupt_rows(keys_B3[:, 1], canvas["tokens"].reshape(-1, S), 1.0 - alpha_B, V,
                                        mask_id=loss_cfg.mask_id if objective.masked else None)

@@ -133,17 +133,17 @@ def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_si
 def train_step_flops(cfg: ModelConfig, diffusion, rows: int, seq_len: int) -> float:
   """Model FLOPs of one training step on `rows` packed rows of `seq_len` tokens under `diffusion`
   (dgemma.diffusion.config.DiffusionSettings): forward + backward = 6 per active parameter per token, over the
-  encoder's tokens (the row up to its last canvas, of the shortest kind trained) and the decoder's (K canvases of C,
-and the short canvases' pass when trained), plus a forward only (2 per
-  active parameter) over the canvases for the self-conditioning first pass when it runs; an AR objective is one
-  causal pass over the whole row. Attention's score FLOPs are not counted (the training-throughput convention of
+  encoder's tokens (`diffusion.encoder_len`: the row up to its last canvas, of the shortest kind trained) and the
+  decoder's (K canvases of C, and the short canvases' pass when trained), plus a forward only (2 per active
+  parameter) over the canvases for the self-conditioning first pass when it runs; an AR objective is one causal
+  pass over the whole row. Attention's score FLOPs are not counted (the training-throughput convention of
   bench/train_throughput.py)."""
   active = count_params(cfg)["active"]
   if diffusion.objective_record.autoregressive:
     return 6 * active * rows * seq_len
   canvas_tokens = diffusion.canvases_per_row * diffusion.canvas_len
   short_tokens = diffusion.num_short_canvases * diffusion.short_canvas_len  # one more decoder pass, no sc
-  encoder_tokens = seq_len - min(diffusion.canvas_len, diffusion.short_canvas_len or diffusion.canvas_len)
+  encoder_tokens = diffusion.encoder_len(seq_len)
   sc = 2 if (cfg.self_conditioning and diffusion.self_cond_prob > 0) else 0
   return rows * (6 * active * (encoder_tokens + canvas_tokens + short_tokens) + sc * active * canvas_tokens)
 

@@ -91,14 +91,20 @@ def test_one_forward_equals_a_loop_over_canvases():
   assert any(sc) and not all(sc), sc
 
 
-def _decode_both(params, batch, cut, noisy_BKC, sc_logits_BKCV, sc_mask_BK, cfg=CFG):
-  """Per-canvas logits of the one-forward block-causal decoder and of the per-canvas loop."""
+def encoded_rows(cfg, params, batch):
+  """(apply, cache of the clean row up to the last canvas, the K canvases' columns of `batch`): what the
+  one-forward block-causal decoder reads."""
   model = Transformer(cfg)
   apply = lambda *a, **k: model.apply({"params": params}, *a, **k)
   ctx = {k: v[:, :L - C] for k, v in batch.items()}
-  can = {k: v[:, P:] for k, v in batch.items()}
   _, cache = apply(ctx["tokens"], ctx["positions"], ctx["segment_ids"], init_cache(cfg, B, L - C),
                    return_logits=False, method=Transformer.encode)
+  return apply, cache, {k: v[:, P:] for k, v in batch.items()}
+
+
+def _decode_both(params, batch, cut, noisy_BKC, sc_logits_BKCV, sc_mask_BK, cfg=CFG):
+  """Per-canvas logits of the one-forward block-causal decoder and of the per-canvas loop."""
+  apply, cache, can = encoded_rows(cfg, params, batch)
   many = apply(noisy_BKC.reshape(B, K * C), can["positions"], can["segment_ids"], cache,
                sc_logits_BCV=sc_logits_BKCV.reshape(B, K * C, -1),
                sc_mask_B=jnp.repeat(sc_mask_BK, C, axis=1), num_canvases=K, method=Transformer.decode)

@@ -16,8 +16,8 @@ from dgemma import diffusion
 from dgemma.checkpoints import hf
 from dgemma.diffusion import loss as loss_lib
 from dgemma.diffusion.config import DiffusionSettings
-from dgemma.model import Transformer, init_cache
-from tests.diffusion.test_block_causal import B, C, CFG, K, L, P, _batch
+from dgemma.model import Transformer
+from tests.diffusion.test_block_causal import B, C, CFG, K, L, _batch, encoded_rows
 from tests.model_utils import f64_config, float64, random_params, to_f64
 
 PLAIN = f64_config(CFG)
@@ -25,12 +25,7 @@ SHIFTED = dataclasses.replace(PLAIN, decoder_shift=True)
 
 
 def _decode(cfg, params, batch, noisy_BKC, prev_BKV):
-  model = Transformer(cfg)
-  apply = lambda *a, **k: model.apply({"params": params}, *a, **k)
-  ctx = {k: v[:, :L - C] for k, v in batch.items()}
-  can = {k: v[:, P:] for k, v in batch.items()}
-  _, cache = apply(ctx["tokens"], ctx["positions"], ctx["segment_ids"], init_cache(cfg, B, L - C),
-                   return_logits=False, method=Transformer.encode)
+  apply, cache, can = encoded_rows(cfg, params, batch)
   return apply(noisy_BKC, can["positions"], can["segment_ids"], cache, num_canvases=K, prev_logits_BKV=prev_BKV,
                method=Transformer.decode)
 
