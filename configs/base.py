@@ -240,7 +240,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.prompts = ""               # samples: prompts file (.txt lines / .jsonl 'prompt' field), used
                                          # cyclically; '' = sample.prompt for every row
   config.eval.reference = ""             # samples: AR checkpoint (diffusion.objective='ar', same tokenizer)
-                                         # for generative perplexity; '' = not reported
+                                         # for generative perplexity; '' = not reported. likelihood: any
+                                         # checkpoint (same tokenizer, canvas_len) scored on the same canvases
+                                         # for a paired ratio
   config.eval.ar_temperature = 1.0       # samples from an AR checkpoint: 0 = greedy
   config.eval.real_words = ""            # samples: real_word_rate against the words (lowercased letter runs)
                                          # of 'train' (the run's training split; data.source 'shakespeare' /

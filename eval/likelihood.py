@@ -3,12 +3,16 @@
   python -m eval.likelihood --checkpoint=workdirs/demo --data=validation --max_tokens=2048
   python -m eval.likelihood --checkpoint=workdirs/demo --data=my_text.txt --num_t_samples=16 --out=ll.json
   python -m eval.likelihood --checkpoint=/ckpts/dgemma --data=my_text.txt      # any checkpoint kind
+  python -m eval.likelihood --checkpoint=workdirs/demo --reference=workdirs/demo_ar --data=validation
 
 Reports nats/token, bits per UTF-8 byte of the original text and the perplexity bound, each with a standard
 error; the estimator is dgemma/diffusion/likelihood.py (its docstring has the mathematics), the same one
 `dgemma.load(...).score(texts)` calls. Settings: `eval.*` in configs/base.py (flags of the same name override
 them): eval.data is a .txt / .jsonl file (data.txt_mode, data.jsonl_field, data.encoding_errors) or a split of
-the run's dataset; eval.max_documents / eval.max_tokens cut it.
+the run's dataset; eval.max_documents / eval.max_tokens cut it. With eval.reference (--reference), a second
+checkpoint (e.g. the AR baseline, same tokenizer and canvas length) is scored on the same canvases and the output
+adds its figures and the paired comparison: ratio_to_reference and excess_nats_per_token, with standard errors
+from the per-canvas pairs. The printed summary leaves out the per-canvas lists; eval.out has them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import ml_collections
 
 import dgemma
 from dgemma import data as data_lib
-from dgemma import files
+from dgemma import checkpoints, files
+from dgemma.diffusion import likelihood
 from dgemma.data import builder as builder_lib
 from dgemma.errors import ConfigError
 from eval import cli_flags
@@ -57,14 +62,36 @@ def ablation_metrics(model: dgemma.Model) -> dict:
 
 def run(checkpoint: str, config: Optional[ml_collections.ConfigDict], *, step: int = -1, print_fn=print) -> dict:
   """The CLI: reads the texts first (bad data fails before any weight is read), then loads and scores."""
-  texts = eval_texts(cli_flags.checked_settings(checkpoint, config))
+  settings = cli_flags.checked_settings(checkpoint, config)
+  texts = eval_texts(settings)
+  if settings.eval.reference:
+    checkpoints.header(settings.eval.reference, REFERENCE_FIELD)  # a bad path fails before any weight is read
   model = dgemma.load(checkpoint, step=step, config=config)
   out = model.score(texts)
-  text = json.dumps(out, indent=2)
-  print_fn(text)
+  if settings.eval.reference:
+    out.update(compare(out, dgemma.load(settings.eval.reference, field=REFERENCE_FIELD), texts,
+                       max_tokens=model.settings.eval.max_tokens))
+  print_fn(json.dumps({k: v for k, v in out.items() if k not in PER_CANVAS}, indent=2))
   if model.settings.eval.out:
-    files.write_text_atomic(model.settings.eval.out, text + "\n")
+    files.write_text_atomic(model.settings.eval.out, json.dumps(out, indent=2) + "\n")
   return out
+
+
+PER_CANVAS = ("canvas_nats", "canvas_tokens")
+REFERENCE_FIELD = "eval.reference (--reference)"
+
+
+def compare(out: dict, reference: dgemma.Model, texts: list[str], *, max_tokens: int) -> dict:
+  """The reference scored on the same canvases (the same cut and context length), and the paired comparison."""
+  ref = reference.score(texts, context_len=out["context_len"], max_tokens=max_tokens)
+  if ref["canvas_tokens"] != out["canvas_tokens"]:
+    raise ConfigError(f"eval.reference: {reference.path} cuts the texts into other canvases ({ref['canvases']} "
+                      f"canvases of {ref['canvas_len']} tokens, {ref['tokens']} tokens, against {out['canvases']} of "
+                      f"{out['canvas_len']}, {out['tokens']}); it needs the same tokenizer and diffusion.canvas_len")
+  summary = {k: ref[k] for k in ("checkpoint", "step", "objective", "measure", "nats_per_token", "nats_per_token_se",
+                                 "bits_per_byte")}
+  return {"reference": summary,
+          **likelihood.paired_ratio(out["canvas_nats"], ref["canvas_nats"], out["canvas_tokens"])}
 
 
 def main(argv):
@@ -78,5 +105,6 @@ if __name__ == "__main__":
       max_tokens=("integer", "eval.max_tokens (per document)."),
       max_documents=("integer", "eval.max_documents."),
       context_len=("integer", "eval.context_len."),
-      out=("string", "eval.out: write the summary JSON here."))
+      reference=("string", "eval.reference: a checkpoint scored on the same canvases, for a paired ratio."),
+      out=("string", "eval.out: write the summary JSON (with the per-canvas lists) here."))
   cli_flags.main(main, "eval.likelihood")

@@ -154,6 +154,34 @@ def test_score_equals_eval_likelihood(loaded, tmp_path):
     assert scored[key] == cli[key], key
 
 
+def test_eval_likelihood_against_a_reference(loaded, tiny_run, tmp_path):
+  """--reference scores a second checkpoint on the same canvases and pairs them canvas by canvas."""
+  model, converted, converted_dir = loaded
+  texts = ["the king speaks of love and death", "thou art fair and foul"]
+  (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+  config = api.run_config(checkpoints.header(model.path))
+  config.eval.data, config.eval.num_t_samples = str(tmp_path / "texts.txt"), 2
+  config.eval.reference, config.eval.out = str(converted_dir), str(tmp_path / "ll.json")
+  printed = []
+  out = eval_likelihood.run(model.path, config, print_fn=printed.append)
+  # the reference under its own settings (another num_t_samples: other numbers than the model's)
+  ref = converted.score(texts, context_len=out["context_len"], max_tokens=config.eval.max_tokens)
+  assert out["reference"]["nats_per_token"] == ref["nats_per_token"] != out["nats_per_token"]
+  # both sums in float64 over the same per-canvas values, in the same order: equal to round-off of a few ulp
+  nats, ref_nats = np.sum(out["canvas_nats"]), np.sum(ref["canvas_nats"])
+  np.testing.assert_allclose(out["ratio_to_reference"], nats / ref_nats, rtol=1e-14)
+  np.testing.assert_allclose(out["excess_nats_per_token"], (nats - ref_nats) / out["tokens"], rtol=1e-14)
+  written = json.loads((tmp_path / "ll.json").read_text())
+  assert written["canvas_nats"] == out["canvas_nats"] and len(out["canvas_nats"]) == out["canvases"]
+  assert "canvas_nats" not in json.loads(printed[0])
+  config.eval.reference = str(tiny_run[0])  # a byte-tokenizer run: other canvases
+  with pytest.raises(ConfigError, match="eval.reference: .* other canvases"):
+    eval_likelihood.run(model.path, config, print_fn=lambda *_: None)
+  config.eval.reference = str(tmp_path / "nope")
+  with pytest.raises(FileNotFoundError, match=r"eval.reference \(--reference\)"):
+    eval_likelihood.run(model.path, config, print_fn=lambda *_: None)
+
+
 def test_tokenizer_json_only(hf_dirs, tmp_path):
   _, json_dir = hf_dirs
   model = dgemma.load(str(json_dir))

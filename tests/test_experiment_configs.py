@@ -65,7 +65,8 @@ def test_likelihood_small_trains_on_a_text_file(tmp_path):
   full = likelihood_small.get_config(str(tmp_path / "mk" / "train.txt"))
   st = settings_lib.from_config(full)  # valid at full size, byte tokens on the given file
   assert st.data.files == (str(tmp_path / "mk" / "train.txt"),) and st.data.tokenizer.kind == "byte"
-  assert st.model.vocab_size == 260 and st.model.decoder_shift  # the recipe: shifted decoder output
+  assert st.model.vocab_size == 260 and st.model.decoder_shift  # the recipe: shifted decoder output ...
+  assert st.model.decoder_right_readout == 2  # ... and readouts from two right neighbours
   config = _tiny(full, tmp_path)
   K = config.diffusion.canvases_per_row
   train_rows = _run(config, tmp_path / "wd")

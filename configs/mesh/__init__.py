@@ -11,7 +11,8 @@ all remaining devices) and `axis_rules` (logical axis name -> mesh axes, used fo
   tpu_slice    a TPU slice: FSDP over the slice, 4-way tensor parallelism inside (fsdp=-1, tensor=4)
 """
 
-# Parameters: 'vocab', 'embed', 'heads', 'kv_heads', 'head_dim', 'mlp', 'expert', 'expert_mlp', 'norm',
+# Parameters: 'vocab', 'embed', 'embed_out' (the output side of a [D, D] kernel), 'readout' (the R of
+# model.decoder_right_readout), 'heads', 'kv_heads', 'head_dim', 'mlp', 'expert', 'expert_mlp', 'norm',
 # 'layers' (the scanned block axis). Activations: 'batch' (also splits the token axis of the MoE
 # all-to-all), 'act_length', 'act_embed', 'act_heads', 'act_mlp', 'act_vocab'.
 # The batch is split over data, fsdp AND expert: the expert axis is a data axis for everything but the
@@ -21,6 +22,8 @@ AXIS_RULES = (
     ("batch", ("data", "fsdp", "expert")),
     ("vocab", "tensor"),
     ("embed", "fsdp"),
+    ("embed_out", None),
+    ("readout", None),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("head_dim", None),

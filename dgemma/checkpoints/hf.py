@@ -687,9 +687,10 @@ def export_hf_checkpoint(cfg: ModelConfig, params: Mapping[str, Any], out_dir: s
   `dtype` casts on the way out (default: keep each leaf's dtype).
   """
   out_dir = Path(out_dir)
-  if cfg.decoder_shift:
-    raise HFCheckpointError(f"{out_dir}: model.decoder_shift is a dgemma research option that Hugging Face's "
-                            "DiffusionGemma does not have; its export would decode differently")
+  for option in ("decoder_shift", "decoder_right_readout"):
+    if getattr(cfg, option):
+      raise HFCheckpointError(f"{out_dir}: model.{option} is a dgemma research option that Hugging Face's "
+                              "DiffusionGemma does not have; its export would decode differently")
   if out_dir.exists() and any(out_dir.iterdir()):
     if not overwrite:
       raise HFCheckpointError(f"{out_dir}: exists and is not empty (use --overwrite to replace it)")

@@ -23,7 +23,9 @@ on the still-masked tokens and 0 elsewhere. It is computed, not assumed ~0.
 
 AR models (diffusion.objective='ar') get the exact NLL of the same canvases given the same context
 windows, in the same units. Standard errors are over canvases (ratio estimator of total nats / tokens),
-so they include both the text's variation and the Monte-Carlo noise of t and z_t.
+so they include both the text's variation and the Monte-Carlo noise of t and z_t. Two models scored on the
+same canvases compare per canvas (`paired_ratio`; `eval.likelihood --reference=AR_RUN`), which removes the
+text's variation from the comparison's error.
 """
 
 from __future__ import annotations
@@ -237,8 +239,22 @@ def ratio_stderr(values_R: np.ndarray, counts_R: np.ndarray) -> float:
   return float(np.sqrt(np.sum(resid ** 2) / (R * (R - 1))) / counts_R.mean())
 
 
-def summarize(canvas_nats_R: np.ndarray, canvas_tokens_R: np.ndarray, num_bytes: int) -> dict[str, float]:
-  """nats/token, bits per UTF-8 byte and perplexity (bound) with standard errors."""
+def paired_ratio(canvas_nats_R: np.ndarray, reference_nats_R: np.ndarray, canvas_tokens_R: np.ndarray) -> dict:
+  """Two models scored on the same canvases: the ratio of their totals and the excess nats/token, with
+  standard errors over canvases from the per-canvas pairs. Text difficulty is shared by both members of a
+  pair, so these errors are far below the two bounds' own (each of which mostly measures the text)."""
+  nats_R, ref_R = np.asarray(canvas_nats_R, np.float64), np.asarray(reference_nats_R, np.float64)
+  tokens_R = np.asarray(canvas_tokens_R, np.float64)
+  excess_R = nats_R - ref_R
+  return {"ratio_to_reference": float(nats_R.sum() / ref_R.sum()),
+          "ratio_to_reference_se": ratio_stderr(nats_R, ref_R),
+          "excess_nats_per_token": float(excess_R.sum() / tokens_R.sum()),
+          "excess_nats_per_token_se": ratio_stderr(excess_R, tokens_R)}
+
+
+def summarize(canvas_nats_R: np.ndarray, canvas_tokens_R: np.ndarray, num_bytes: int) -> dict:
+  """nats/token, bits per UTF-8 byte and perplexity (bound) with standard errors, and the per-canvas nats and
+  tokens they come from (for `paired_ratio`)."""
   tokens = float(np.sum(canvas_tokens_R))
   nats = float(np.sum(canvas_nats_R))
   nll = nats / tokens
@@ -246,7 +262,8 @@ def summarize(canvas_nats_R: np.ndarray, canvas_tokens_R: np.ndarray, num_bytes:
   bpb_per_nat = tokens / (num_bytes * LN2)  # nats/token -> bits/byte
   return {"nats_per_token": nll, "nats_per_token_se": se, "bits_per_byte": nll * bpb_per_nat,
           "bits_per_byte_se": se * bpb_per_nat, "perplexity": math.exp(nll), "perplexity_se": math.exp(nll) * se,
-          "tokens": int(tokens), "bytes": int(num_bytes), "total_nats": nats}
+          "tokens": int(tokens), "bytes": int(num_bytes), "total_nats": nats,
+          "canvas_nats": [float(x) for x in canvas_nats_R], "canvas_tokens": [int(x) for x in canvas_tokens_R]}
 
 
 def _host_memory_bytes() -> int:

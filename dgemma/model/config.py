@@ -45,6 +45,13 @@ class ModelConfig:
       token before it, so each position is predicted where the token to its left sits, as the encoder's
       next-token head predicts (Dream and DiffuLLaMA shift the same way). Callers of `Transformer.decode` pass
       those encoder logits (`prev_logits_BKV`). Same parameters; a research option (docs/model.md).
+    decoder_right_readout: R >= 0, not in the released model (0 = off): canvas position p's logits also get,
+      for r = 1..R, a readout of the decoder's output at p + r, each through its own [D, D] projection
+      (`right_readout[r - 1]`, zero at init, so training starts from the one-sided model) before the tied,
+      softcapped vocabulary matmul; a term is dropped where p + r is past the canvas's end, padding or another
+      document. The logits are then a product of experts, left readout x right readouts: for a Markov source
+      the exact posterior of x_p factors this way (p(x_p | left) p(right | x_p) up to a constant). A research
+      option (docs/model.md).
     moe_impl: 'auto' (the default: per platform at trace time from measured figures,
       dgemma.model.moe.resolve_impl), 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts,
       test reference), 'capacity' (per-expert slabs + batched matmuls, the slab size picked per call from
@@ -94,6 +101,7 @@ class ModelConfig:
   rms_eps: float = 1e-6
   self_conditioning: bool = True
   decoder_shift: bool = False
+  decoder_right_readout: int = 0
   moe_impl: str = "auto"
   moe_capacity_factor: float = 1.5
   attention_impl: str = "auto"
@@ -138,6 +146,8 @@ class ModelConfig:
       need(0 < self.experts_per_token <= self.num_experts, "experts_per_token",
            f"must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}")
       need(self.expert_hidden > 0, "expert_hidden", "must be positive")
+    need(isinstance(self.decoder_right_readout, int) and self.decoder_right_readout >= 0, "decoder_right_readout",
+         f"must be an integer >= 0 (right neighbours read), got {self.decoder_right_readout!r}")
     need(self.moe_impl in MOE_IMPLS, "moe_impl", f"{self.moe_impl!r} not in {MOE_IMPLS}")
     need(self.attention_impl in ATTENTION_IMPLS, "attention_impl",
          f"{self.attention_impl!r} not in {ATTENTION_IMPLS}")

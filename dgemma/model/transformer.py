@@ -20,6 +20,7 @@ cfg.num_blocks; HF layer index = b * cfg.block_period + i):
   final_norm/scale [D] ('norm',)
   self_conditioning/pre_norm/scale [D] ('norm',)          (only if cfg.self_conditioning)
   self_conditioning/{gate_proj,up_proj}/kernel [D, F] ('embed', 'mlp'); down_proj/kernel [F, D] ('mlp', 'embed')
+  right_readout [R, D, D] ('readout', 'embed', 'embed_out')  (R = cfg.decoder_right_readout > 0; not released)
   blocks/layer_{i}/
     pre_attn_norm/scale, post_attn_norm/scale [D] ('norm',)
     attn/q_proj/kernel [D, N, H] ('embed', 'heads', 'head_dim')
@@ -310,6 +311,10 @@ class Transformer(nn.Module):
     self.final_norm = layers.RMSNorm(cfg.rms_eps, param_dtype=layers.param_dtype(cfg))
     if cfg.self_conditioning:
       self.self_conditioning = SelfConditioning(cfg)
+    if cfg.decoder_right_readout:  # zero at init: training starts from the one-sided readout
+      self.right_readout = self.param("right_readout", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("readout", "embed", "embed_out")), (cfg.decoder_right_readout, cfg.d_model,
+                                                                   cfg.d_model), layers.param_dtype(cfg))
     block = Block
     if cfg.remat != "none":
       block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
@@ -325,10 +330,34 @@ class Transformer(nn.Module):
 
   # ---- helpers --------------------------------------------------------------------------------
   def _logits(self, x_BTD):
-    logits = self.embedder.attend(self.final_norm(x_BTD))
+    return self._readout(self.final_norm(x_BTD))
+
+  def _readout(self, normed_BTD):
+    """Tied vocabulary logits of normed hidden states, in at least fp32, softcapped."""
+    logits = self.embedder.attend(normed_BTD)
     logits = constrain(logits.astype(layers.at_least_f32(logits.dtype)), LOGITS_AXES)
     c = self.cfg.final_logit_softcap
     return c * jnp.tanh(logits / c) if c else logits
+
+  def _right_logits(self, x_BCD, segment_ids_BC, num_canvases: int):
+    """`ModelConfig.decoder_right_readout` = R: at each canvas position p, the sum over r = 1..R of the readout
+    of the decoder's output at p + r through `right_readout[r - 1]`; a term is zero where p + r is past the
+    canvas's end, padding or another document."""
+    dtype = layers.compute_dtype(self.cfg)
+    right_BRCD = jnp.einsum("bcd,rde->brce", self.final_norm(x_BCD).astype(dtype),
+                            qarray.dequantize(self.right_readout, dtype))
+    logits_BRCV = self._readout(right_BRCD)
+    B, R, KC, V = logits_BRCV.shape
+    C = KC // num_canvases
+    logits_BRKCV = logits_BRCV.reshape(B, R, num_canvases, C, V)
+    seg_BKC = segment_ids_BC.reshape(B, num_canvases, C)
+    total_BKCV = jnp.zeros((B, num_canvases, C, V), logits_BRCV.dtype)
+    for r in range(1, min(R, C - 1) + 1):  # position p reads p + r: drop r columns on the left, pad r on the right
+      shifted_BKCV = jnp.pad(logits_BRKCV[:, r - 1, :, r:], ((0, 0), (0, 0), (0, r), (0, 0)))
+      seg_next_BKC = jnp.pad(seg_BKC[:, :, r:], ((0, 0), (0, 0), (0, r)))  # 0 past the canvas's end
+      same_BKC = (seg_next_BKC == seg_BKC) & (seg_next_BKC != 0)
+      total_BKCV = total_BKCV + jnp.where(same_BKC[..., None], shifted_BKCV, 0.0)
+    return total_BKCV.reshape(B, KC, V)
 
   def _sow_aux(self, aux):
     if not aux:
@@ -430,6 +459,8 @@ class Transformer(nn.Module):
         raise ValueError(f"decode: prev_logits_BKV holds {prev_logits_BKV.shape[1]} canvases' logits, the decoder "
                          f"input {num_canvases}")
       logits_BCV = shift_canvas_logits(logits_BCV, prev_logits_BKV)
+    if cfg.decoder_right_readout:
+      logits_BCV = logits_BCV + self._right_logits(x_BCD, segment_ids_BC, num_canvases)
     return logits_BCV
 
   def __call__(self, tokens_BT, positions_BT, segment_ids_BT, canvas_BC, positions_BC, segment_ids_BC,

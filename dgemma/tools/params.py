@@ -35,7 +35,8 @@ import jax
 from dgemma import quant
 from dgemma.model import ModelConfig, count_params, layers, param_shapes
 
-COMPONENTS = ("embedding", "attention", "dense_mlp", "experts", "router", "norms", "self_conditioning")
+COMPONENTS = ("embedding", "attention", "dense_mlp", "experts", "router", "norms", "self_conditioning",
+              "right_readout")
 
 _CONFIG = None  # the --config flag, defined only when run as a program (the module stays importable)
 
@@ -54,8 +55,8 @@ def component(path: tuple[str, ...]) -> str:
   name = "/".join(path)
   if path[0] == "embedder":
     return "embedding"
-  if path[0] == "self_conditioning":
-    return "self_conditioning"
+  if path[0] in ("self_conditioning", "right_readout"):
+    return path[0]
   if "/experts/" in name:
     return "experts"
   if "/router/" in name:
@@ -119,6 +120,8 @@ def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_si
   per_token = 2 * trunk
   if decoder:
     per_token += 2 * cfg.vocab_size * cfg.d_model  # output logits
+  if decoder and cfg.decoder_right_readout:  # its R [D, D] projections and R more vocabulary readouts
+    per_token += 2 * comps["right_readout"][1] + 2 * cfg.decoder_right_readout * cfg.vocab_size * cfg.d_model
   if decoder and cfg.self_conditioning:
     per_token += 2 * comps["self_conditioning"][1]
     if sc_signal:
@@ -145,7 +148,13 @@ def train_step_flops(cfg: ModelConfig, diffusion, rows: int, seq_len: int) -> fl
   short_tokens = diffusion.num_short_canvases * diffusion.short_canvas_len  # one more decoder pass, no sc
   encoder_tokens = diffusion.encoder_len(seq_len)
   sc = 2 if (cfg.self_conditioning and diffusion.self_cond_prob > 0) else 0
-  return rows * (6 * active * (encoder_tokens + canvas_tokens + short_tokens) + sc * active * canvas_tokens)
+  flops = 6 * active * (encoder_tokens + canvas_tokens + short_tokens) + sc * active * canvas_tokens
+  R = cfg.decoder_right_readout
+  if R:  # decoder only: its R [D, D] projections are not in the encoder's count, and each decoder pass pays R
+    # more vocabulary readouts (the tied table is in `active` once)
+    flops += R * cfg.vocab_size * cfg.d_model * (6 * (canvas_tokens + short_tokens) + sc * canvas_tokens)
+    flops -= 6 * R * cfg.d_model ** 2 * encoder_tokens
+  return rows * flops
 
 
 def _fmt(n: float) -> str:

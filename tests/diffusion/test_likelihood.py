@@ -245,6 +245,15 @@ def test_units_and_document_cutting():
   np.testing.assert_allclose(s["perplexity"], math.exp(3.0))
   # ratio standard error: residuals 10 - 12 = -2 and 20 - 18 = 2 -> sqrt(8 / 2) / mean count 5
   np.testing.assert_allclose(s["nats_per_token_se"], 2.0 / 5.0)
+  assert s["canvas_nats"] == [10.0, 20.0] and s["canvas_tokens"] == [4, 6]
+  # paired with a reference's [8, 18] on the same canvases: ratio 30 / 26, residuals 10 - 8 r and 20 - 18 r
+  # (= +-10/13) -> sqrt(2 (10/13)^2 / 2) / mean 13; excess 2 and 2 over 4 and 6 tokens: 0.4 nats/token,
+  # residuals 2 - 1.6 and 2 - 2.4 -> sqrt(0.32 / 2) / mean 5
+  paired = likelihood.paired_ratio(np.array([10.0, 20.0]), np.array([8.0, 18.0]), np.array([4, 6]))
+  np.testing.assert_allclose(paired["ratio_to_reference"], 30.0 / 26.0)
+  np.testing.assert_allclose(paired["ratio_to_reference_se"], (10.0 / 13.0) / 13.0)
+  np.testing.assert_allclose(paired["excess_nats_per_token"], 0.4)
+  np.testing.assert_allclose(paired["excess_nats_per_token_se"], 0.4 / 5.0)
   rows = likelihood.block_rows([np.arange(1, 8)], canvas_len=4, context_len=3, pad_id=0)
   # tokens after BOS (1): canvases [2..5], [6, 7]; the second sees the 3 tokens before it
   np.testing.assert_array_equal(rows.tokens, [[0, 0, 1, 2, 3, 4, 5], [3, 4, 5, 6, 7, 0, 0]])
