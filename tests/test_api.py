@@ -142,12 +142,18 @@ def test_streaming_calls_back_per_step_and_per_canvas(loaded):
   assert sum((c.token_ids[0] for c in canvases), [])[:len(out.token_ids)] == out.token_ids
 
 
-def test_score_equals_eval_likelihood(loaded, tmp_path):
-  model, _, _ = loaded
+def _likelihood_texts_and_config(model, tmp_path):
+  """Two texts written to tmp_path/texts.txt, and the model's run config scoring that file with 2 t samples."""
   texts = ["the king speaks of love and death", "thou art fair and foul"]
   (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
   config = api.run_config(checkpoints.header(model.path))
   config.eval.data, config.eval.num_t_samples = str(tmp_path / "texts.txt"), 2
+  return texts, config
+
+
+def test_score_equals_eval_likelihood(loaded, tmp_path):
+  model, _, _ = loaded
+  texts, config = _likelihood_texts_and_config(model, tmp_path)
   cli = eval_likelihood.run(model.path, config, print_fn=lambda *_: None)
   scored = model.score(texts, num_t_samples=2)
   for key in ("nats_per_token", "bits_per_byte", "perplexity", "tokens", "total_nats", "nats_per_token_se"):
@@ -157,10 +163,7 @@ def test_score_equals_eval_likelihood(loaded, tmp_path):
 def test_eval_likelihood_against_a_reference(loaded, tmp_path):
   """--reference scores a second checkpoint on the same canvases and pairs them canvas by canvas."""
   model, converted, converted_dir = loaded
-  texts = ["the king speaks of love and death", "thou art fair and foul"]
-  (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
-  config = api.run_config(checkpoints.header(model.path))
-  config.eval.data, config.eval.num_t_samples = str(tmp_path / "texts.txt"), 2
+  texts, config = _likelihood_texts_and_config(model, tmp_path)
   config.eval.reference, config.eval.out = str(converted_dir), str(tmp_path / "ll.json")
   printed = []
   out = eval_likelihood.run(model.path, config, print_fn=printed.append)
