@@ -52,6 +52,11 @@ class ModelConfig:
       document. The logits are then a product of experts, left readout x right readouts: for a Markov source
       the exact posterior of x_p factors this way (p(x_p | left) p(right | x_p) up to a constant). A research
       option (docs/model.md).
+    decoder_head_layers: N >= 0, not in the released model (0 = off): N more layers of the sliding kind, with
+      their own weights (`decoder_head_{i}`), after the shared stack in decoder mode only. They attend
+      bidirectionally inside the canvas (same canvas, same document, not padding) and read no context cache;
+      the encoder never runs them. Canvas-only depth whose attention is not shared with the causal encoder.
+      A research option (docs/model.md).
     moe_impl: 'auto' (the default: per platform at trace time from measured figures,
       dgemma.model.moe.resolve_impl), 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts,
       test reference), 'capacity' (per-expert slabs + batched matmuls, the slab size picked per call from
@@ -102,6 +107,7 @@ class ModelConfig:
   self_conditioning: bool = True
   decoder_shift: bool = False
   decoder_right_readout: int = 0
+  decoder_head_layers: int = 0
   moe_impl: str = "auto"
   moe_capacity_factor: float = 1.5
   attention_impl: str = "auto"
@@ -148,6 +154,8 @@ class ModelConfig:
       need(self.expert_hidden > 0, "expert_hidden", "must be positive")
     need(isinstance(self.decoder_right_readout, int) and self.decoder_right_readout >= 0, "decoder_right_readout",
          f"must be an integer >= 0 (right neighbours read), got {self.decoder_right_readout!r}")
+    need(isinstance(self.decoder_head_layers, int) and self.decoder_head_layers >= 0, "decoder_head_layers",
+         f"must be an integer >= 0 (decoder-only layers), got {self.decoder_head_layers!r}")
     need(self.moe_impl in MOE_IMPLS, "moe_impl", f"{self.moe_impl!r} not in {MOE_IMPLS}")
     need(self.attention_impl in ATTENTION_IMPLS, "attention_impl",
          f"{self.attention_impl!r} not in {ATTENTION_IMPLS}")

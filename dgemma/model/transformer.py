@@ -65,7 +65,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from dgemma.model.attention import Attention, decoder_masks, encoder_masks
-from dgemma.model.config import GLOBAL, ModelConfig
+from dgemma.model.config import GLOBAL, SLIDING, ModelConfig
 from dgemma.model import layers
 from dgemma.model import lora as lora_lib
 from dgemma.model import qarray
@@ -315,6 +315,8 @@ class Transformer(nn.Module):
       self.right_readout = self.param("right_readout", nn.with_logical_partitioning(
           nn.initializers.zeros, ("readout", "embed", "embed_out")), (cfg.decoder_right_readout, cfg.d_model,
                                                                    cfg.d_model), layers.param_dtype(cfg))
+    # Decoder-only layers over the canvas (their own weights; the encoder never runs them).
+    self.decoder_head = [Layer(cfg, SLIDING, name=f"decoder_head_{i}") for i in range(cfg.decoder_head_layers)]
     block = Block
     if cfg.remat != "none":
       block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
@@ -358,6 +360,17 @@ class Transformer(nn.Module):
       same_BKC = (seg_next_BKC == seg_BKC) & (seg_next_BKC != 0)
       total_BKCV = total_BKCV + jnp.where(same_BKC[..., None], shifted_BKCV, 0.0)
     return total_BKCV.reshape(B, KC, V)
+
+  def _decoder_head(self, x_BCD, ctx: _Ctx, canvas_mask_BCC):
+    """`ModelConfig.decoder_head_layers`: layers of the sliding kind with their own weights after the shared
+    stack, attending bidirectionally inside the canvas only (the decoder's canvas-to-canvas mask; no cache)."""
+    K, H = layers.attn_dims(self.cfg, SLIDING)
+    empty_BSKH = jnp.zeros((x_BCD.shape[0], 0, K, H), x_BCD.dtype)
+    head_ctx = _Ctx(ctx.positions_BT, canvas_mask_BCC, canvas_mask_BCC, ctx.write_index, ctx.valid_BT, decode=True)
+    for layer in self.decoder_head:
+      x_BCD, _, aux = layer(x_BCD, (empty_BSKH, empty_BSKH), head_ctx)
+      self._sow_aux(aux)
+    return x_BCD
 
   def _sow_aux(self, aux):
     if not aux:
@@ -450,6 +463,8 @@ class Transformer(nn.Module):
     x_BCD = constrain(self.perturb("decoder_inputs", x_BCD), RESIDUAL_AXES)
     x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)
     self._sow_aux(aux)
+    if cfg.decoder_head_layers:
+      x_BCD = self._decoder_head(x_BCD, ctx, slide[..., -x_BCD.shape[1]:])
     logits_BCV = self._logits(x_BCD)
     if cfg.decoder_shift:
       if prev_logits_BKV is None:

@@ -36,7 +36,7 @@ from dgemma import quant
 from dgemma.model import ModelConfig, count_params, layers, param_shapes
 
 COMPONENTS = ("embedding", "attention", "dense_mlp", "experts", "router", "norms", "self_conditioning",
-              "right_readout")
+              "right_readout", "decoder_head")
 
 _CONFIG = None  # the --config flag, defined only when run as a program (the module stays importable)
 
@@ -57,6 +57,8 @@ def component(path: tuple[str, ...]) -> str:
     return "embedding"
   if path[0] in ("self_conditioning", "right_readout"):
     return path[0]
+  if path[0].startswith("decoder_head_"):  # ModelConfig.decoder_head_layers: decoder-only layers, all kinds
+    return "decoder_head"
   if "/experts/" in name:
     return "experts"
   if "/router/" in name:
@@ -102,7 +104,8 @@ def components(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     n = math.prod(leaf.shape)
     c = component(path)
     comps[c][0] += n
-    comps[c][1] += n * frac if c == "experts" else n
+    routed = c == "experts" or (c == "decoder_head" and "experts" in path)
+    comps[c][1] += n * frac if routed else n
   comps = {c: (t, round(a)) for c, (t, a) in comps.items()}
   total = sum(t for t, _ in comps.values())
   active = sum(a for _, a in comps.values())
@@ -122,6 +125,11 @@ def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_si
     per_token += 2 * cfg.vocab_size * cfg.d_model  # output logits
   if decoder and cfg.decoder_right_readout:  # its R [D, D] projections and R more vocabulary readouts
     per_token += 2 * comps["right_readout"][1] + 2 * cfg.decoder_right_readout * cfg.vocab_size * cfg.d_model
+  head_attn = 0
+  if decoder and cfg.decoder_head_layers:  # decoder-only layers: their weights, attention over the canvas only
+    per_token += 2 * decoder_head_matmul_params(cfg)
+    _, H = layers.attn_dims(cfg, "sliding")
+    head_attn = cfg.decoder_head_layers * 4 * cfg.num_heads * H * tokens
   if decoder and cfg.self_conditioning:
     per_token += 2 * comps["self_conditioning"][1]
     if sc_signal:
@@ -130,7 +138,18 @@ def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_si
   for kind in cfg.layer_types:
     _, H = layers.attn_dims(cfg, kind)
     attn += 4 * cfg.num_heads * H * keys  # q.k and p.v per query
-  return tokens * (per_token + attn)
+  return tokens * (per_token + attn + head_attn)
+
+
+def decoder_head_matmul_params(cfg: ModelConfig) -> int:
+  """Active weights of `cfg.decoder_head_layers`' matmuls (attention, dense MLP, router, active experts; not
+  their norms and scalars)."""
+  frac = cfg.experts_per_token / cfg.num_experts if cfg.num_experts else 1.0
+  total = 0.0
+  for path, leaf in flax.traverse_util.flatten_dict(param_shapes(cfg)).items():
+    if component(path) == "decoder_head" and not ("norm" in "/".join(path) or path[-1] == "layer_scalar"):
+      total += math.prod(leaf.shape) * (frac if "experts" in path else 1.0)
+  return round(total)
 
 
 def train_step_flops(cfg: ModelConfig, diffusion, rows: int, seq_len: int) -> float:
@@ -154,6 +173,8 @@ def train_step_flops(cfg: ModelConfig, diffusion, rows: int, seq_len: int) -> fl
     # more vocabulary readouts (the tied table is in `active` once)
     flops += R * cfg.vocab_size * cfg.d_model * (6 * (canvas_tokens + short_tokens) + sc * canvas_tokens)
     flops -= 6 * R * cfg.d_model ** 2 * encoder_tokens
+  if cfg.decoder_head_layers:  # decoder-only layers: in `active`, but the encoder never runs them
+    flops -= 6 * components(cfg)["decoder_head"][1] * encoder_tokens
   return rows * flops
 
 
