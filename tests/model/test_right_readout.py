@@ -76,8 +76,8 @@ def test_trains_from_zero_and_is_counted():
   params = random_params(cfg)
   params["right_readout"] = jnp.zeros_like(params["right_readout"])
   loss_cfg = DiffusionSettings(canvas_len=C, canvases_per_row=K, objective="loo_ce")
-  grads = jax.grad(lambda p: diffusion.diffusion_loss(p, _batch(), jax.random.PRNGKey(0), model_cfg=cfg,
-                                                      loss_cfg=loss_cfg)[0])(params)
+  grads = jax.jit(jax.grad(lambda p: diffusion.diffusion_loss(p, _batch(), jax.random.PRNGKey(0), model_cfg=cfg,
+                                                              loss_cfg=loss_cfg)[0]))(params)
   g = np.asarray(grads["right_readout"])
   assert np.all(np.isfinite(g)) and np.abs(g).max() > 1e-4  # a zero start still gets a gradient
   # parameters: one [D, D] matrix, its own component; FLOPs: decoder tokens only

@@ -391,24 +391,28 @@ def test_ring_cache_equals_the_full_cache():
   commit_seg = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.int32)
   ones = np.ones((2, Cv), np.int32)
 
+  # Jitted as the samplers run them (one compile per call signature; eager calls re-trace the scanned blocks)
+  encode = jax.jit(lambda p, *a: model.apply({"params": p}, *a, method="encode"))
+  decode = jax.jit(lambda p, *a, per_query_window=False: model.apply(
+      {"params": p}, *a, per_query_window=per_query_window, method="decode"), static_argnames="per_query_window")
+
   def run(ring: bool, chunks):
     with float64():
       params = to_f64(_params(TINY))
-      apply = lambda *a, **kw: model.apply({"params": params}, *a, **kw)
       cache = init_cache(cfg, 2, P + 2 * Cv + 3, jnp.float64, sliding_ring=ring)
       outs = []
       for a, b in chunks:
-        logits, cache = apply(prompt[:, a:b], pos_P[:, a:b], seg_P[:, a:b], cache, method="encode")
+        logits, cache = encode(params, prompt[:, a:b], pos_P[:, a:b], seg_P[:, a:b], cache)
         outs.append(np.asarray(logits) * seg_P[:, a:b, None])
       pos_C = lengths[:, None] + np.arange(Cv)[None]
       for per_query in (False, True):
-        outs.append(np.asarray(apply(canvas, pos_C, ones, cache, per_query_window=per_query, method="decode")))
-      _, cache = apply(canvas, pos_C, commit_seg, cache, method="encode")
+        outs.append(np.asarray(decode(params, canvas, pos_C, ones, cache, per_query_window=per_query)))
+      _, cache = encode(params, canvas, pos_C, commit_seg, cache)
       pos_C = pos_C + commit_seg.sum(1)[:, None]
-      outs.append(np.asarray(apply(canvas, pos_C, ones, cache, method="decode")))
+      outs.append(np.asarray(decode(params, canvas, pos_C, ones, cache)))
       nxt = pos_C[:, :1]
       for t in range(3):  # AR: one token at a time
-        logits, cache = apply(canvas[:, t:t + 1], nxt + t, ones[:, :1], cache, method="encode")
+        logits, cache = encode(params, canvas[:, t:t + 1], nxt + t, ones[:, :1], cache)
         outs.append(np.asarray(logits))
       shapes = [k.shape[2] for k in cache.k]
     return outs, shapes

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from configs import tiny_test
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import layout, workdir as workdir_ckpt
@@ -70,18 +71,22 @@ def test_the_command_writes_a_workdir_that_resumes_where_the_original_would(tiny
                         f"--out={tmp_path / 'x'}", "--scan_layers"], capture_output=True, text=True, timeout=600)
   assert bad.returncode == 1 and "--workdir" in bad.stderr and "Traceback" not in bad.stderr
 
-  # Resume both for 2 more steps: the same batches (data position) from the same state, so the first resumed
-  # step's loss agrees up to the fp32 round-off of a scanned against an unrolled program (a few ulps per op
-  # over a 4-layer forward: ~1e-6 relative; 1e-4 leaves two orders of margin, a wrong layout moves it by O(1)).
+  # Resume both for 1 step of tiny_test's 6-step run (stop_after_steps: no final evaluation, whose unrolled
+  # program would be one more compile; the stacked train step is the one other tests of that run compile): the
+  # same batch (data position) from the same state, so the resumed step's loss agrees up to the fp32 round-off
+  # of a scanned against an unrolled program (a few ulps per op over a 4-layer forward: ~1e-6 relative; 1e-4
+  # leaves two orders of margin, a wrong layout moves it by O(1)).
   losses = {}
   for name, workdir, scan in (("stacked", tmp_path / "stacked", True), ("unrolled", out, False)):
     if name == "stacked":  # a copy: the shared tiny run must stay as it is
       shutil.copytree(src, workdir)
     cfg = config.copy_and_resolve_references()
     cfg.model.scan_layers = scan
-    cfg.train.num_steps, cfg.train.log_every = step + 2, 1
-    loop.train_and_evaluate(cfg, str(workdir))
-    assert workdir_ckpt.steps(workdir)[-1] == step + 2
+    cfg.train.num_steps, cfg.train.log_every = tiny_test.get_config().train.num_steps, 1
+    assert cfg.train.num_steps > step + 1
+    assert (step + 1) % cfg.train.eval_every != 0  # no evaluation at the resumed step either
+    loop.train_and_evaluate(cfg, str(workdir), stop_after_steps=1)
+    assert workdir_ckpt.steps(workdir)[-1] == step + 1
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     losses[name] = [r["loss"] for r in rows if r.get("split") == "train" and r["step"] == step + 1][-1]
   assert np.isclose(losses["unrolled"], losses["stacked"], rtol=1e-4), losses
