@@ -34,6 +34,7 @@ import jax
 
 from dgemma import quant
 from dgemma.model import ModelConfig, count_params, layers, param_shapes
+from dgemma.model.config import SLIDING
 
 COMPONENTS = ("embedding", "attention", "dense_mlp", "experts", "router", "norms", "self_conditioning",
               "right_readout", "decoder_head")
@@ -50,6 +51,11 @@ def model_group(config):
   return config
 
 
+def _is_norm(path: tuple[str, ...]) -> bool:
+  """A norm scale or layer scalar: a per-channel multiply, not a matmul weight."""
+  return "norm" in "/".join(path) or path[-1] == "layer_scalar"
+
+
 def component(path: tuple[str, ...]) -> str:
   """The component a parameter belongs to (one of COMPONENTS), from its tree path."""
   name = "/".join(path)
@@ -63,7 +69,7 @@ def component(path: tuple[str, ...]) -> str:
     return "experts"
   if "/router/" in name:
     return "router"
-  if "norm" in name or path[-1] == "layer_scalar":
+  if _is_norm(path):
     return "norms"
   if "/attn/" in name:
     return "attention"
@@ -128,7 +134,7 @@ def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_si
   head_attn = 0
   if decoder and cfg.decoder_head_layers:  # decoder-only layers: their weights, attention over the canvas only
     per_token += 2 * decoder_head_matmul_params(cfg)
-    _, H = layers.attn_dims(cfg, "sliding")
+    _, H = layers.attn_dims(cfg, SLIDING)
     head_attn = cfg.decoder_head_layers * 4 * cfg.num_heads * H * tokens
   if decoder and cfg.self_conditioning:
     per_token += 2 * comps["self_conditioning"][1]
@@ -147,7 +153,7 @@ def decoder_head_matmul_params(cfg: ModelConfig) -> int:
   frac = cfg.experts_per_token / cfg.num_experts if cfg.num_experts else 1.0
   total = 0.0
   for path, leaf in flax.traverse_util.flatten_dict(param_shapes(cfg)).items():
-    if component(path) == "decoder_head" and not ("norm" in "/".join(path) or path[-1] == "layer_scalar"):
+    if component(path) == "decoder_head" and not _is_norm(path):
       total += math.prod(leaf.shape) * (frac if "experts" in path else 1.0)
   return round(total)
 
