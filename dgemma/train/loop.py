@@ -228,10 +228,17 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   skips_in_a_row = 0
   last_saved = restored_step
   try:
+    host_batch = next(train_iter) if start_step < end_step else None
     for step in range(start_step, end_step):
-      batch = step_lib.device_batch(next(train_iter), data_sharding)
-      state, metrics = train_step(state, batch, base_rng)
+      state, metrics = train_step(state, step_lib.device_batch(host_batch, data_sharding), base_rng)
       done = step + 1
+      stream_state = train_iter.get_state()  # the stream after this step's batch: what its checkpoint resumes
+      # The next batch is made here, while the device runs this step (dispatch returns before it finishes).
+      host_batch = next(train_iter, None) if done < end_step else None
+      last = done == end_step or host_batch is None
+      if host_batch is None and done < end_step:
+        logging.warning("train step %d: the training data ended (data.num_epochs=%d) before step %d; stopping here",
+                        done, settings.data.num_epochs, end_step)
       if float(metrics["nonfinite"]):  # one scalar to the host per step: nothing non-finite goes further
         skips_in_a_row += 1
         what = ", ".join(f"{k}={float(metrics[k]):.4g}" for k in ("loss", "grad_norm"))
@@ -248,7 +255,7 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
         skips_in_a_row = 0
       pending.append(metrics)
       window_steps += 1
-      if done % train_cfg.log_every == 0 or done == end_step:
+      if done % train_cfg.log_every == 0 or last:
         window = _window_metrics(pending, window_steps * tokens_per_step / max(time.perf_counter() - window_start,
                                                                                1e-9), skip_nonfinite)
         writer.write(done, window)
@@ -263,9 +270,11 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
         writer.write(done, evaluate.validation_metrics(eval_step, state.params, eval_iter, train_cfg.eval_batches,
                                                        data_sharding, eval_rng), prefix="eval")
         window_start = time.perf_counter()  # do not count evaluation in tokens/s
-      if done % train_cfg.ckpt_every == 0 or done == end_step:
-        workdir_ckpt.save(manager, done, state, workdir_ckpt.all_process_data_states(train_iter.get_state()))
+      if done % train_cfg.ckpt_every == 0 or last:
+        workdir_ckpt.save(manager, done, state, workdir_ckpt.all_process_data_states(stream_state))
         last_saved = done
+      if last:
+        break
   finally:
     manager.wait_until_finished()
     manager.close()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import dgemma
+from dgemma import tokenizers
 from dgemma.data import sudoku
 from dgemma import settings as settings_lib
 from dgemma.errors import ConfigError
@@ -201,6 +202,26 @@ def test_sudoku_rows_alignment_determinism_resume_and_config_errors(tmp_path):
   bad_csv.write_text(f"puzzle,solution\n{PUZZLE},{SOLUTION[:-1]}\n")
   with pytest.raises(ValueError, match="bad.csv:2: solution: expected 81 digits"):
     data_lib.prepare(settings_lib.from_config(sudoku_config(tmp_path, bad_csv, train_csv)))
+
+
+def test_training_row_is_the_string_path_on_the_augmented_grids():
+  """_MakeRow works on digit arrays and a digit -> token table; the obvious reference is row_tokens on the
+  augmented strings, with the same symmetry drawn from (seed, stream position)."""
+  tok = tokenizers.ByteTokenizer()
+  rows = sudoku.generate(3, 30, 40, seed=5)
+  for augment in (False, True):
+    make_row = sudoku._MakeRow(tok, augment, seed=7, infill=True)
+    for index in (0, 1, 12345):
+      puzzle, solution = rows[index % 3]
+      if augment:
+        perm, digit_map = sudoku.random_symmetry(np.random.default_rng((7, index)))
+        puzzle, solution = (sudoku.format_grid(sudoku.apply_symmetry(sudoku.parse_grid(g), perm, digit_map))
+                            for g in (puzzle, solution))
+      got = make_row(index, {"puzzle": rows[index % 3][0], "solution": rows[index % 3][1]})
+      np.testing.assert_array_equal(got["tokens"], sudoku.row_tokens(puzzle, solution, tok))
+      assert got["tokens"].dtype == np.int32
+      np.testing.assert_array_equal(got["infill_mask"][sudoku.CONTEXT_LEN:], sudoku.givens_mask(puzzle))
+      assert not got["infill_mask"][:sudoku.CONTEXT_LEN].any()
 
 
 @pytest.mark.slow  # 13 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget

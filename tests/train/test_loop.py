@@ -114,6 +114,29 @@ def test_interrupted_run_resumes_exactly(tiny_config, tmp_path):
   assert list((tmp_path / "full" / "tensorboard").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow  # a short training run (one train-step compile)
+def test_finite_training_data_stops_the_run_at_its_last_batch_with_a_checkpoint(tiny_config, tmp_path, caplog):
+  """The loop makes the next batch while the device runs the step; a stream that ends (data.num_epochs) stops
+  the run after the step of its last batch, logged and saved, instead of failing one step later."""
+  config = tiny_config
+  config.data.num_epochs = 1
+  config.diffusion.self_cond_prob = 0.0  # the loop is under test, not the model: one decoder pass
+  config.data.batch_size = 16            # fewer, larger batches: fewer steps to the end of the epoch
+  settings = settings_lib.from_config(config)
+  num_batches = len(list(data.make_iterator(settings, data.prepare(settings), "train")))
+  assert 1 < num_batches
+  config.train.num_steps = num_batches + 5
+  config.train.ckpt_every = 100
+  config.train.eval_every = 100
+  with caplog.at_level("WARNING"):
+    state = loop.train_and_evaluate(config, str(tmp_path / "run"))
+  assert int(state.step) == num_batches
+  assert workdir_ckpt.steps(tmp_path / "run") == [num_batches]
+  assert f"the training data ended (data.num_epochs=1) before step {num_batches + 5}" in caplog.text
+  records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert records[-1]["step"] == num_batches and records[-1]["split"] == "train"
+
+
 _MULTI_DEVICE_SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
