@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dgemma import settings as settings_lib
-from dgemma.model import ModelConfig, Transformer, param_shapes
-from dgemma.sampling import JaxNoise, SamplerConfig, denoise_canvas, row_keys
+from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
+from dgemma.sampling import JaxNoise, SamplerConfig, denoise_canvas, entropy, row_keys
 
 
 def sampler_of(config) -> SamplerConfig:
@@ -57,10 +57,11 @@ PROMPTS = [[2, 40, 41, 42, 43, 44], [2, 50], [2, 60, 61, 62]]
 P = max(map(len, PROMPTS))
 
 
-def tiny_model():
-  mcfg = ModelConfig(vocab_size=128, d_model=32, num_layers=2, layer_types=("sliding", "global"), num_heads=2,
-                     num_kv_heads=1, head_dim=8, sliding_window=6, global_num_kv_heads=1, global_head_dim=16,
-                     mlp_hidden=48, num_experts=0)
+def tiny_model(**changes):
+  """(Transformer, random params) of a 2-layer model; `changes` override its ModelConfig fields."""
+  mcfg = ModelConfig(**{**dict(vocab_size=128, d_model=32, num_layers=2, layer_types=("sliding", "global"),
+                               num_heads=2, num_kv_heads=1, head_dim=8, sliding_window=6, global_num_kv_heads=1,
+                               global_head_dim=16, mlp_hidden=48, num_experts=0), **changes})
   rs = np.random.RandomState(0)
 
   def leaf(path, s):
@@ -99,3 +100,20 @@ def count_compiles(fn):
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def denoise_fixed(decode_fn, cfg, noise, init_BC):
   return denoise_canvas(decode_fn, cfg, noise, init_BC, noise.gumbel_NSBCV.shape[-1], record=True)
+
+
+def continuation_entropy(model, params, t0):
+  """A jitted reference for a canvas's first decoder pass after a committed context: a fresh cache holding
+  ctx_1L[:, :length] contiguously (generate's cache has the prompt padding inside it), then `decode` of
+  canvas_1C at positions length .. length + C - 1; returns its tempered entropies [C]."""
+  @jax.jit
+  def reference(ctx_1L, length, canvas_1C):
+    L, width = ctx_1L.shape[1], canvas_1C.shape[1]
+    iota = jnp.arange(L)[None]
+    cache = init_cache(model.cfg, 1, L)
+    _, cache = model.apply({"params": params}, ctx_1L, iota, (iota < length).astype(jnp.int32), cache,
+                           return_logits=False, method="encode")
+    logits = model.apply({"params": params}, canvas_1C, length + jnp.arange(width)[None], jnp.ones_like(canvas_1C),
+                         cache, method="decode")
+    return entropy(logits / t0)[0][0]
+  return reference

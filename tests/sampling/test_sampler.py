@@ -18,7 +18,7 @@ from dgemma.model import Transformer, init_cache
 from dgemma.sampling import (SamplerConfig, cut_after_end, entropy, generate, temperature,
                              trajectory_steps)
 from tests.sampling.helpers import (C_SYN, B_SYN, run_synthetic, C, S, N, PROMPTS, P, tiny_model, Messages,
-                                    count_compiles)
+                                    continuation_entropy, count_compiles)
 
 
 def test_stopping_and_loop_forms_agree():
@@ -143,18 +143,7 @@ def test_committed_canvas_continues_the_context(tiny):
   traj = out.trajectory
   rows = [b for b in range(3) if traj.active_SB[1, 0, b]]
   assert rows, "no row reached the second canvas"
-  t0 = temperature(tiny["cfg"], 0)
-
-  @jax.jit
-  def reference_entropy(ctx_1L, length, canvas_1C):
-    L = ctx_1L.shape[1]
-    iota = jnp.arange(L)[None]
-    cache = init_cache(model.cfg, 1, L)
-    _, cache = model.apply({"params": params}, ctx_1L, iota, (iota < length).astype(jnp.int32), cache,
-                           return_logits=False, method="encode")
-    logits = model.apply({"params": params}, canvas_1C, length + jnp.arange(C)[None], jnp.ones_like(canvas_1C),
-                         cache, method="decode")
-    return entropy(logits / t0)[0][0]
+  reference_entropy = continuation_entropy(model, params, temperature(tiny["cfg"], 0))
 
   for b in rows:
     ctx = np.concatenate([PROMPTS[b], out.tokens_BN[b, :C]])
@@ -162,6 +151,40 @@ def test_committed_canvas_continues_the_context(tiny):
     h = reference_entropy(ctx, len(PROMPTS[b]) + C, traj.canvas_SBC[1, 0, b][None])
     # another cache layout: fp32 round-off only, each within 4e-6 of float64 (measured; see test_batch_invariance)
     np.testing.assert_allclose(np.asarray(h), traj.entropy_SBC[1, 0, b], atol=1e-4, err_msg=f"row {b}")
+
+
+@pytest.mark.slow  # its own model and generate compile
+def test_decoder_head_layers_in_generate(tiny):
+  """model.decoder_head_layers: generate's decoder passes run the canvas-only layers (which read and write no
+  cache), and a committed canvas is encoded by the shared stack alone. Each row's first canvas and, where the row
+  got there, its second: the first step's entropies against `decode` on a fresh contiguous cache of the context
+  (the reference of test_committed_canvas_continues_the_context). The head is live: the same weights without it
+  give other entropies."""
+  model, params = tiny_model(decoder_head_layers=1)
+  assert "decoder_head_0" in params
+  out = jax.tree.map(np.asarray, generate(model, params, tiny["prompts"], tiny["lengths"], tiny["cfg"], tiny["keys"],
+                                           N, return_trajectory="all"))
+  traj = out.trajectory
+  reference_entropy = continuation_entropy(model, params, temperature(tiny["cfg"], 0))
+  checked = 0
+  for b in range(3):
+    for canvas in (0, 1):
+      if not traj.active_SB[canvas, 0, b]:
+        continue
+      ctx = np.concatenate([PROMPTS[b], out.tokens_BN[b, :C * canvas]])
+      length = len(ctx)
+      ctx = np.pad(ctx, (0, P + C - len(ctx)))[None]
+      h = reference_entropy(ctx, length, traj.canvas_SBC[canvas, 0, b][None])
+      # fp32 round-off of another cache layout (see test_batch_invariance): 1e-4
+      np.testing.assert_allclose(np.asarray(h), traj.entropy_SBC[canvas, 0, b], atol=1e-4, err_msg=f"{b}/{canvas}")
+      checked += canvas
+  assert checked > 0, "no row reached the second canvas"
+  headless = Transformer(dataclasses.replace(model.cfg, decoder_head_layers=0))
+  without = continuation_entropy(headless, {k: v for k, v in params.items() if not k.startswith("decoder_head")},
+                                 temperature(tiny["cfg"], 0))
+  ctx = np.pad(np.asarray(PROMPTS[0]), (0, P + C - len(PROMPTS[0])))[None]
+  assert np.abs(np.asarray(without(ctx, len(PROMPTS[0]), traj.canvas_SBC[0, 0, 0][None]))
+                - traj.entropy_SBC[0, 0, 0]).max() > 1e-2
 
 
 def test_decoder_shift_scores_each_position_from_the_one_before(tiny):
