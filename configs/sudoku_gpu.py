@@ -2,7 +2,7 @@
 
   python -m dgemma.tools.sudoku_csv --out_dir=data/sudoku --num_train=20000 --num_test=500 --min_blanks=30 --max_blanks=45
   python train.py --config=configs/sudoku_gpu.py --workdir=workdirs/sudoku_gpu \
-      --config.data.sudoku.train_csv=data/sudoku/train.csv --config.train.num_steps=6000
+      --config.data.sudoku.train_csv=data/sudoku/train.csv
   python -m eval.sudoku --checkpoint=workdirs/sudoku_gpu --puzzles=data/sudoku/test.csv --batch_size=500
   # the CPU recipe's width at this batch, for comparison:
   python train.py --config=configs/sudoku_gpu.py --workdir=workdirs/sudoku_gpu_narrow \
@@ -36,7 +36,7 @@ def get_config():
   config.data.batch_size = 256
   config.opt.lr = 1e-3
   config.opt.warmup_steps = 200
-  config.train.num_steps = 6000
+  config.train.num_steps = 4000            # the H200 run: 16.9 steps/s, 356 s with compilation
   config.train.log_every = 100
   config.train.eval_every = 1000
   config.train.ckpt_every = 1000
