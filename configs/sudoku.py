@@ -36,7 +36,8 @@ times (t_power=2) gave 49%, level within noise, and a higher learning rate (--co
 (docs/results.md).
 Two decoder-only layers (model.decoder_head_layers=2: canvas-only depth with attention of its own, not shared
 with the causal encoder; 1.19x the step) moved it most: 73% solved at step 3,000 of a 4,600-step run, about
-36 minutes of this recipe's compute, 81% at 4,000 and 78% at the end (4,600 steps, about an hour's compute),
+36 minutes of this recipe's compute, 81% at 4,000 and 78% at the end (4,600 steps, about an hour's compute;
+a second seed, 4,800 steps timed end to end: 77.8% in 53 minutes),
 against 51-61% for the hour without them; validation canvas CE 0.025 against 0.069-0.077 (docs/results.md,
 "Decoder-only layers"). Without them: --config.model.decoder_head_layers=0. On a GPU: configs/sudoku_gpu.py (91%).
 """
