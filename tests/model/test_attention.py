@@ -136,6 +136,7 @@ def test_attention_impl_is_validated_and_resolved():
   assert {attention.resolve_impl("auto", b) for b in ("cpu", "gpu", "tpu", "other")} <= {"xla", "tokamax"}
 
 
+@pytest.mark.slow  # parity of another kernel library's attention (16 + 5 s on 2 cores): over the fast tier's budget
 @pytest.mark.parametrize("ring", [False, True], ids=["full_cache", "ring_cache"])
 def test_encoder_with_tokamax_matches_xla(ring):
   # Packed rows (two documents, padding) encoded in two chunks into a cache, then a canvas decoded against it:

@@ -92,6 +92,7 @@ def test_head_count_is_checked():
     dataclasses.replace(CFG, decoder_head_layers=-1)
 
 
+@pytest.mark.slow  # 7 s on 2 cores (it initialises and traces two models): over the fast tier's budget
 def test_head_is_counted_as_its_own_component_and_only_in_the_decoder():
   cfg = dataclasses.replace(CFG, decoder_head_layers=1)
   comps = params_tool.components(cfg)
