@@ -117,3 +117,21 @@ def continuation_entropy(model, params, t0):
                          cache, method="decode")
     return entropy(logits / t0)[0][0]
   return reference
+
+
+def check_first_steps(out, reference_entropy) -> tuple[int, int]:
+  """Every row's first and second canvas (where the row got there): the first step's recorded tempered entropies
+  against reference_entropy(context padded to P + C, its length, the canvas), the context being the prompt and
+  the committed first canvas; fp32 round-off of another cache layout (see test_batch_invariance): atol 1e-4.
+  Returns (canvases checked, second canvases among them)."""
+  traj, checked, second = out.trajectory, 0, 0
+  for b in range(len(PROMPTS)):
+    for k in (0, 1):
+      if not traj.active_SB[k, 0, b]:
+        continue
+      ctx = np.concatenate([PROMPTS[b], out.tokens_BN[b, :k * C]])
+      length = len(ctx)
+      h = reference_entropy(np.pad(ctx, (0, P + C - length))[None], length, traj.canvas_SBC[k, 0, b][None])
+      np.testing.assert_allclose(np.asarray(h), traj.entropy_SBC[k, 0, b], atol=1e-4, err_msg=f"row {b} canvas {k}")
+      checked, second = checked + 1, second + k
+  return checked, second
