@@ -66,7 +66,7 @@ def parse_grid(text: str, *, allow_blanks: bool = True, where: str = "grid") -> 
   bad = [c for c in text if not ("0" <= c <= "9")]
   if bad:
     raise ValueError(f"{where}: non-digit character {bad[0]!r} (only 0-9 are allowed, 0 = blank)")
-  grid = np.frombuffer(text.encode("ascii"), np.uint8).astype(np.int8) - ord("0")
+  grid = _digits(text)
   if not allow_blanks and (grid == 0).any():
     raise ValueError(f"{where}: a solution has no blanks, but cell {int(np.argmax(grid == 0))} is 0")
   return grid
@@ -390,7 +390,7 @@ class _MakeRow:
 
 
 def _digits(grid: str) -> np.ndarray:
-  """An 81-digit string already checked by read_csv or written by generate -> int8[81]."""
+  """An 81-digit string already checked (parse_grid, read_csv) or written by generate -> int8[81]."""
   return np.frombuffer(grid.encode("ascii"), np.uint8).astype(np.int8) - ord("0")
 
 
