@@ -581,6 +581,10 @@ def _cross_checks(st: Settings) -> None:
       _need(diff.mask_id >= tok_vocab, "diffusion.mask_id",
             f"{diff.mask_id} is a real token of the {data.tokenizer.kind} tokenizer (ids < {tok_vocab}); for "
             f"objective='mdlm' use an added id, e.g. mask_id={tok_vocab} with model.vocab_size > {tok_vocab}")
+  if st.objective.needs_two_stream:
+    _need(model.decoder_two_stream, "diffusion.objective",
+          f"{st.objective.name!r} is proper only for a decoder blind to each position's own token: set "
+          "model.decoder_two_stream=True (with model.decoder_shift=True), or use loo_ce")
   if data.tokenizer.kind == "sentencepiece":
     _need(model.vocab_size >= data.tokenizer.vocab_size, "model.vocab_size",
           f"{model.vocab_size} is smaller than data.tokenizer.vocab_size={data.tokenizer.vocab_size}")

@@ -70,7 +70,7 @@ def test_likelihood_small_trains_on_a_text_file(tmp_path):
   st = settings_lib.from_config(full)  # valid at full size, byte tokens on the given file
   assert st.data.files == (str(tmp_path / "mk" / "train.txt"),) and st.data.tokenizer.kind == "byte"
   assert st.model.vocab_size == 260 and st.model.decoder_shift  # the recipe: shifted decoder output ...
-  assert st.model.decoder_right_readout == 2  # ... and readouts from two right neighbours
+  assert st.model.decoder_two_stream and st.objective.needs_two_stream  # ... blind to its own token, blind_ce
   config = _tiny(full, tmp_path)
   K = config.diffusion.canvases_per_row
   train_rows = _run(config, tmp_path / "wd")

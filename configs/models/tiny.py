@@ -34,6 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
       decoder_shift=False,  # not in the released model (dgemma/model/config.py)
       decoder_right_readout=0,  # not in the released model; R right neighbours read (dgemma/model/config.py)
       decoder_head_layers=0,  # not in the released model; decoder-only layers over the canvas (dgemma/model/config.py)
+      decoder_two_stream=False,  # not in the released model; logits blind to their own token (dgemma/model/config.py)
       moe_impl="ragged",
       moe_capacity_factor=1.5,  # moe_impl="capacity" only
       attention_impl="auto",

@@ -687,7 +687,7 @@ def export_hf_checkpoint(cfg: ModelConfig, params: Mapping[str, Any], out_dir: s
   `dtype` casts on the way out (default: keep each leaf's dtype).
   """
   out_dir = Path(out_dir)
-  for option in ("decoder_shift", "decoder_right_readout", "decoder_head_layers"):
+  for option in ("decoder_shift", "decoder_right_readout", "decoder_head_layers", "decoder_two_stream"):
     if getattr(cfg, option):
       raise HFCheckpointError(f"{out_dir}: model.{option} is a dgemma research option that Hugging Face's "
                               "DiffusionGemma does not have; its export would decode differently")

@@ -38,6 +38,11 @@ Objectives (`per_token_loss(name, ...)`):
                      the draw mask would: it leaves out the draws that returned x_i; tests/diffusion/
                      test_objectives.py shows both by enumeration).
   loo_ce_replaced_ce loo_ce + loo_replaced_ce (both proper for the leave-one-out distribution).
+  blind_ce           CE(softmax(f), x) at every canvas position, f standing for the leave-one-out logits: proper
+                     only for a network whose output at i never reads z_i (model.decoder_two_stream), since
+                     then x_i given what the output sees is a sample of p(x_i | z_-i) at kept and drawn
+                     positions alike. Where loo_ce's gradient at a kept token is about t / (N x_theta[z]),
+                     a kept token with clean neighbours teaches the two-sided conditional at full weight.
   mdlm               masked-diffusion NELBO: -alpha'/(1 - alpha) CE (mask logit removed) on masked
                      positions, 0 elsewhere (Sahoo et al. 2024; SUBS parameterisation).
   ar                 (handled by the caller: next-token CE of the causal encoder, no canvas.)
@@ -255,6 +260,8 @@ class Objective:
   leave_one_out: the network output f stands for the leave-one-out logits log p(x_i | z_-i) (the loo_*
     objectives); otherwise for the posterior logits log p(x_i | z) (module docstring).
   loss_is_nelbo: the training loss is already the NELBO integrand (the eval metric reuses it).
+  needs_two_stream: proper only for a network blind to each position's own token (model.decoder_two_stream);
+    settings refuse it otherwise.
   samplers: the `sample.sampler` values that fit a model trained this way (() for AR: no canvas sampler).
   """
 
@@ -263,6 +270,7 @@ class Objective:
   loss: Callable | None
   leave_one_out: bool = False
   loss_is_nelbo: bool = False
+  needs_two_stream: bool = False
   samplers: tuple[str, ...] = ("released", "ancestral", "pc")
 
   @property
@@ -310,6 +318,7 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("loo_nelbo_ce", UNIFORM, _loo_nelbo_ce, leave_one_out=True),
     Objective("loo_replaced_ce", UNIFORM, _loo_replaced_ce, leave_one_out=True),
     Objective("loo_ce_replaced_ce", UNIFORM, _loo_ce_replaced_ce, leave_one_out=True),
+    Objective("blind_ce", UNIFORM, _base_ce, leave_one_out=True, needs_two_stream=True),
     Objective("mdlm", MASK, _mdlm, loss_is_nelbo=True, samplers=("masked",)),
     Objective("ar", NONE, None, samplers=()),
 )}

@@ -57,6 +57,15 @@ class ModelConfig:
       bidirectionally inside the canvas (same canvas, same document, not padding) and read no context cache;
       the encoder never runs them. Canvas-only depth whose attention is not shared with the causal encoder.
       A research option (docs/model.md).
+    decoder_two_stream: not in the released model (False = off; needs decoder_shift, and no right readout,
+      decoder-only layers or self-conditioning): the decoder makes two passes over the canvas with the shared
+      weights, a forward stream (canvas attention to positions <= its own) and a backward stream (>= its own),
+      both reading the whole clean context. Position p's logits come from the forward stream at p - 1 (the
+      encoder's logits at the clean token before the canvas for p = 0, as decoder_shift) plus a position-wise
+      MLP of width 4 D over [forward at p - 1, backward at p + 1] (`two_stream_in` / `two_stream_out`, the
+      output zero at init), so they never read the noisy token at p: the output is a leave-one-out
+      distribution p(x_p | z without p) by construction, and `diffusion.objective=blind_ce` trains it with a
+      plain cross-entropy at every canvas position (docs/model.md). A research option.
     moe_impl: 'auto' (the default: per platform at trace time from measured figures,
       dgemma.model.moe.resolve_impl), 'ragged' (sorted tokens + jax.lax.ragged_dot), 'dense' (all experts,
       test reference), 'capacity' (per-expert slabs + batched matmuls, the slab size picked per call from
@@ -107,6 +116,7 @@ class ModelConfig:
   self_conditioning: bool = True
   decoder_shift: bool = False
   decoder_right_readout: int = 0
+  decoder_two_stream: bool = False
   decoder_head_layers: int = 0
   moe_impl: str = "auto"
   moe_capacity_factor: float = 1.5
@@ -156,6 +166,13 @@ class ModelConfig:
          f"must be an integer >= 0 (right neighbours read), got {self.decoder_right_readout!r}")
     need(isinstance(self.decoder_head_layers, int) and self.decoder_head_layers >= 0, "decoder_head_layers",
          f"must be an integer >= 0 (decoder-only layers), got {self.decoder_head_layers!r}")
+    if self.decoder_two_stream:
+      for name, ok in (("decoder_shift", self.decoder_shift), ("decoder_right_readout", not self.decoder_right_readout),
+                       ("decoder_head_layers", not self.decoder_head_layers),
+                       ("self_conditioning", not self.self_conditioning)):
+        need(ok, name, f"{getattr(self, name)!r} does not fit decoder_two_stream=True (it needs decoder_shift=True, "
+                       "decoder_right_readout=0, decoder_head_layers=0 and self_conditioning=False: every other "
+                       "path to position p's logits would read the token at p)")
     need(self.moe_impl in MOE_IMPLS, "moe_impl", f"{self.moe_impl!r} not in {MOE_IMPLS}")
     need(self.attention_impl in ATTENTION_IMPLS, "attention_impl",
          f"{self.attention_impl!r} not in {ATTENTION_IMPLS}")

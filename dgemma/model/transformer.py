@@ -21,6 +21,8 @@ cfg.num_blocks; HF layer index = b * cfg.block_period + i):
   self_conditioning/pre_norm/scale [D] ('norm',)          (only if cfg.self_conditioning)
   self_conditioning/{gate_proj,up_proj}/kernel [D, F] ('embed', 'mlp'); down_proj/kernel [F, D] ('mlp', 'embed')
   right_readout [R, D, D] ('readout', 'embed', 'embed_out')  (R = cfg.decoder_right_readout > 0; not released)
+  two_stream_in [2D, 4D] ('embed', 'mlp'), two_stream_in_bias [4D] ('mlp',), two_stream_out [4D, D]
+    ('mlp', 'embed_out'), two_stream_out_bias [D] ('embed_out',)  (cfg.decoder_two_stream; not released)
   blocks/layer_{i}/
     pre_attn_norm/scale, post_attn_norm/scale [D] ('norm',)
     attn/q_proj/kernel [D, N, H] ('embed', 'heads', 'head_dim')
@@ -315,6 +317,16 @@ class Transformer(nn.Module):
       self.right_readout = self.param("right_readout", nn.with_logical_partitioning(
           nn.initializers.zeros, ("readout", "embed", "embed_out")), (cfg.decoder_right_readout, cfg.d_model,
                                                                    cfg.d_model), layers.param_dtype(cfg))
+    if cfg.decoder_two_stream:  # the combining MLP over [forward at p - 1, backward at p + 1]; output zero at init
+      F, pd = 4 * cfg.d_model, layers.param_dtype(cfg)
+      self.two_stream_in = self.param("two_stream_in", nn.with_logical_partitioning(
+          nn.initializers.lecun_normal(), ("embed", "mlp")), (2 * cfg.d_model, F), pd)
+      self.two_stream_in_bias = self.param("two_stream_in_bias", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("mlp",)), (F,), pd)
+      self.two_stream_out = self.param("two_stream_out", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("mlp", "embed_out")), (F, cfg.d_model), pd)
+      self.two_stream_out_bias = self.param("two_stream_out_bias", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("embed_out",)), (cfg.d_model,), pd)
     # Decoder-only layers over the canvas (their own weights; the encoder never runs them).
     self.decoder_head = [Layer(cfg, SLIDING, name=f"decoder_head_{i}") for i in range(cfg.decoder_head_layers)]
     block = Block
@@ -360,6 +372,42 @@ class Transformer(nn.Module):
       same_BKC = (seg_next_BKC == seg_BKC) & (seg_next_BKC != 0)
       total_BKCV = total_BKCV + jnp.where(same_BKC[..., None], shifted_BKCV, 0.0)
     return total_BKCV.reshape(B, KC, V)
+
+  def _two_stream_logits(self, x_BCD, ctx: _Ctx, cache: KVCache, segment_ids_BC, num_canvases: int,
+                         prev_logits_BKV):
+    """`ModelConfig.decoder_two_stream`: the forward stream (canvas keys j <= i) and the backward stream
+    (j >= i) over the canvas with the shared weights, both reading the whole context in `ctx`'s masks; position
+    p's logits read the forward stream at p - 1 and the backward one at p + 1 (zero where that is past the
+    canvas's end, padding or another document), never the token at p. p = 0 has no forward term: the encoder's
+    logits at the token before the canvas (`prev_logits_BKV`) stand in for it, as with decoder_shift."""
+    B, C, D = x_BCD.shape
+    K = num_canvases
+    i_C = jnp.arange(C)
+    streams = []
+    for keep_CC in (i_C[None, :] <= i_C[:, None], i_C[None, :] >= i_C[:, None]):  # forward, backward
+      def restrict(mask_BCS):  # the last C keys are the canvas (attention.decoder_masks)
+        keep_CS = jnp.concatenate([jnp.ones((C, mask_BCS.shape[-1] - C), bool), keep_CC], axis=1)
+        return mask_BCS & keep_CS[None]
+      stream_ctx = _Ctx(ctx.positions_BT, restrict(ctx.mask_sliding), restrict(ctx.mask_global), ctx.write_index,
+                        ctx.valid_BT, decode=True)
+      h_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), stream_ctx)
+      self._sow_aux(aux)
+      streams.append(self.final_norm(h_BCD).reshape(B, K, C // K, D))
+    fwd_BKCD, bwd_BKCD = streams
+    seg_BKC = segment_ids_BC.reshape(B, K, C // K)
+    left_BKCD = jnp.pad(fwd_BKCD[:, :, :-1], ((0, 0), (0, 0), (1, 0), (0, 0)))  # forward at p - 1 (0 at p = 0)
+    right_BKCD = jnp.pad(bwd_BKCD[:, :, 1:], ((0, 0), (0, 0), (0, 1), (0, 0)))  # backward at p + 1
+    seg_next_BKC = jnp.pad(seg_BKC[:, :, 1:], ((0, 0), (0, 0), (0, 1)))
+    right_BKCD = jnp.where(((seg_next_BKC == seg_BKC) & (seg_next_BKC != 0))[..., None], right_BKCD, 0.0)
+    dtype = layers.compute_dtype(self.cfg)
+    both_BCD2 = jnp.concatenate([left_BKCD, right_BKCD], axis=-1).reshape(B, C, 2 * D).astype(dtype)
+    hidden_BCF = jax.nn.gelu(layers.matmul_last(both_BCD2, self.two_stream_in.astype(dtype))
+                             + self.two_stream_in_bias.astype(dtype))
+    mixed_BCD = (layers.matmul_last(hidden_BCF, self.two_stream_out.astype(dtype))
+                 + self.two_stream_out_bias.astype(dtype))
+    logits_BKCV = self._readout(left_BKCD.reshape(B, C, D).astype(dtype) + mixed_BCD).reshape(B, K, C // K, -1)
+    logits_BKCV = logits_BKCV.at[:, :, 0].add(prev_logits_BKV.astype(logits_BKCV.dtype))
+    return logits_BKCV.reshape(B, C, -1)
 
   def _decoder_head(self, x_BCD, ctx: _Ctx, canvas_mask_BCC):
     """`ModelConfig.decoder_head_layers`: layers of the sliding kind with their own weights after the shared
@@ -461,11 +509,6 @@ class Transformer(nn.Module):
                                cache.ring_segment_ids_BR, R, 1, per_query_window)
     ctx = _Ctx(positions_BC, slide, glob, cache.length, segment_ids_BC != 0, decode=True)
     x_BCD = constrain(self.perturb("decoder_inputs", x_BCD), RESIDUAL_AXES)
-    x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)
-    self._sow_aux(aux)
-    if cfg.decoder_head_layers:
-      x_BCD = self._decoder_head(x_BCD, ctx, slide[..., -x_BCD.shape[1]:])
-    logits_BCV = self._logits(x_BCD)
     if cfg.decoder_shift:
       if prev_logits_BKV is None:
         raise ValueError("decode: model.decoder_shift needs prev_logits_BKV, the encoder's logits at the token "
@@ -473,6 +516,14 @@ class Transformer(nn.Module):
       if prev_logits_BKV.shape[1] != num_canvases:
         raise ValueError(f"decode: prev_logits_BKV holds {prev_logits_BKV.shape[1]} canvases' logits, the decoder "
                          f"input {num_canvases}")
+    if cfg.decoder_two_stream:
+      return self._two_stream_logits(x_BCD, ctx, cache, segment_ids_BC, num_canvases, prev_logits_BKV)
+    x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)
+    self._sow_aux(aux)
+    if cfg.decoder_head_layers:
+      x_BCD = self._decoder_head(x_BCD, ctx, slide[..., -x_BCD.shape[1]:])
+    logits_BCV = self._logits(x_BCD)
+    if cfg.decoder_shift:
       logits_BCV = shift_canvas_logits(logits_BCV, prev_logits_BKV)
     if cfg.decoder_right_readout:
       logits_BCV = logits_BCV + self._right_logits(x_BCD, segment_ids_BC, num_canvases)

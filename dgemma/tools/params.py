@@ -37,7 +37,7 @@ from dgemma.model import ModelConfig, count_params, layers, param_shapes
 from dgemma.model.config import SLIDING
 
 COMPONENTS = ("embedding", "attention", "dense_mlp", "experts", "router", "norms", "self_conditioning",
-              "right_readout", "decoder_head")
+              "right_readout", "decoder_head", "two_stream")
 
 _CONFIG = None  # the --config flag, defined only when run as a program (the module stays importable)
 
@@ -65,6 +65,8 @@ def component(path: tuple[str, ...]) -> str:
     return path[0]
   if path[0].startswith("decoder_head_"):  # ModelConfig.decoder_head_layers: decoder-only layers, all kinds
     return "decoder_head"
+  if path[0].startswith("two_stream_"):  # ModelConfig.decoder_two_stream: the combining MLP
+    return "two_stream"
   if "/experts/" in name:
     return "experts"
   if "/router/" in name:
@@ -144,6 +146,9 @@ def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_si
   for kind in cfg.layer_types:
     _, H = layers.attn_dims(cfg, kind)
     attn += 4 * cfg.num_heads * H * keys  # q.k and p.v per query
+  if decoder and cfg.decoder_two_stream:  # a second pass through the stack (the backward stream) and the MLP
+    per_token += 2 * trunk + 2 * comps["two_stream"][1]
+    attn *= 2
   return tokens * (per_token + attn + head_attn)
 
 
@@ -181,6 +186,10 @@ def train_step_flops(cfg: ModelConfig, diffusion, rows: int, seq_len: int) -> fl
     flops -= 6 * R * cfg.d_model ** 2 * encoder_tokens
   if cfg.decoder_head_layers:  # decoder-only layers: in `active`, but the encoder never runs them
     flops -= 6 * components(cfg)["decoder_head"][1] * encoder_tokens
+  if cfg.decoder_two_stream:  # the backward stream: the stack once more over the canvases; the MLP decoder only
+    comps = components(cfg)
+    trunk = sum(comps[c][1] for c in ("attention", "dense_mlp", "experts", "router"))
+    flops += 6 * trunk * (canvas_tokens + short_tokens) - 6 * comps["two_stream"][1] * encoder_tokens
   return rows * flops
 
 

@@ -1,0 +1,38 @@
+"""docs/results/likelihood_small/bound_vs_minutes.png from the recorded curves (run from the repository root):
+
+  python docs/results/likelihood_small/two_stream/plot.py
+
+AR and the released decoder (curve.json), the shifted decoder (shift/curve.json), shift + two right readouts
+(right_readout/r2/curve.json; that run shared the cores, so its minutes are the shifted run's at the same step
+times the step-time ratio measured in point 7, 1.04) and the two-stream recipe (two_stream/curve_probe.json: the probe's
+1,300-step run; two_stream/curve_1100.json: the library's, 1,100 steps, the right-readout recipe's compute), their
+own minutes on the 2026-12-04 Intel host, where the right-readout recipe's step measured 0.67x theirs.
+"""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path.cwd()))
+from eval import likelihood_curve  # noqa: E402
+
+HERE = Path("docs/results/likelihood_small")
+
+
+def rows(path, rename=None):
+  data = json.loads((HERE / path).read_text())
+  out = data["rows"]
+  for r in out:
+    r["run"] = (rename or {}).get(r["run"], r["run"])
+  return data["truth_bits_per_byte"], out
+
+
+truth, base = rows("curve.json", {"diffusion_loo_ce": "diffusion, loo_ce, released decoder", "ar": "AR"})
+_, shift = rows("shift/curve.json", {"diffusion_loo_ce_shift": "loo_ce, shifted decoder output"})
+_, r2 = rows("right_readout/r2/curve.json", {"right_readout_2": "loo_ce, shift + two right readouts"})
+shift_minutes = {r["step"]: r["minutes"] for r in shift}
+for r in r2:
+  r["minutes"] = 1.04 * shift_minutes[r["step"]]
+_, two = rows("two_stream/curve_probe.json", {"two_stream_blind_ce": "two streams, blind_ce, 1,300 steps (Intel host)"})
+_, two_1100 = rows("two_stream/curve_1100.json", {"two_stream": "two streams, blind_ce, 1,100 steps (Intel host)"})
+likelihood_curve.plot(base + shift + r2 + two + two_1100, truth, HERE / "bound_vs_minutes.png")
+print("wrote", HERE / "bound_vs_minutes.png")
