@@ -368,8 +368,7 @@ class Transformer(nn.Module):
     total_BKCV = jnp.zeros((B, num_canvases, C, V), logits_BRCV.dtype)
     for r in range(1, min(R, C - 1) + 1):  # position p reads p + r: drop r columns on the left, pad r on the right
       shifted_BKCV = jnp.pad(logits_BRKCV[:, r - 1, :, r:], ((0, 0), (0, 0), (0, r), (0, 0)))
-      seg_next_BKC = jnp.pad(seg_BKC[:, :, r:], ((0, 0), (0, 0), (0, r)))  # 0 past the canvas's end
-      same_BKC = (seg_next_BKC == seg_BKC) & (seg_next_BKC != 0)
+      same_BKC = _same_document_ahead(seg_BKC, r)
       total_BKCV = total_BKCV + jnp.where(same_BKC[..., None], shifted_BKCV, 0.0)
     return total_BKCV.reshape(B, KC, V)
 
@@ -397,8 +396,7 @@ class Transformer(nn.Module):
     seg_BKC = segment_ids_BC.reshape(B, K, C // K)
     left_BKCD = jnp.pad(fwd_BKCD[:, :, :-1], ((0, 0), (0, 0), (1, 0), (0, 0)))  # forward at p - 1 (0 at p = 0)
     right_BKCD = jnp.pad(bwd_BKCD[:, :, 1:], ((0, 0), (0, 0), (0, 1), (0, 0)))  # backward at p + 1
-    seg_next_BKC = jnp.pad(seg_BKC[:, :, 1:], ((0, 0), (0, 0), (0, 1)))
-    right_BKCD = jnp.where(((seg_next_BKC == seg_BKC) & (seg_next_BKC != 0))[..., None], right_BKCD, 0.0)
+    right_BKCD = jnp.where(_same_document_ahead(seg_BKC, 1)[..., None], right_BKCD, 0.0)
     dtype = layers.compute_dtype(self.cfg)
     both_BCD2 = jnp.concatenate([left_BKCD, right_BKCD], axis=-1).reshape(B, C, 2 * D).astype(dtype)
     hidden_BCF = jax.nn.gelu(layers.matmul_last(both_BCD2, self.two_stream_in.astype(dtype))
@@ -540,6 +538,12 @@ class Transformer(nn.Module):
     dec_logits = self.decode(canvas_BC, positions_BC, segment_ids_BC, cache, sc_logits_BCV, sc_mask_B,
                              prev_logits_BKV=prev)
     return (enc_logits if return_enc_logits else None), dec_logits
+
+
+def _same_document_ahead(seg_BKC: jax.Array, r: int) -> jax.Array:
+  """[B, K, C] bool: canvas position p + r is inside its canvas, not padding, and in p's document."""
+  seg_ahead_BKC = jnp.pad(seg_BKC[:, :, r:], ((0, 0), (0, 0), (0, r)))  # 0 past the canvas's end
+  return (seg_ahead_BKC == seg_BKC) & (seg_ahead_BKC != 0)
 
 
 def shift_canvas_logits(dec_logits_BCV: jax.Array, prev_logits_BKV: jax.Array) -> jax.Array:
