@@ -5,7 +5,8 @@
 AR and the released decoder (curve.json), the shifted decoder (shift/curve.json), shift + two right readouts
 (right_readout/r2/curve.json; that run shared the cores, so its minutes are the shifted run's at the same step
 times the step-time ratio measured in point 7, 1.04) and the two-stream recipe (two_stream/curve_probe.json: the probe's
-1,300-step run; two_stream/curve_1100.json: the library's, 1,100 steps, the right-readout recipe's compute), their
+1,300-step run; two_stream/curve_1100.json: the library's, 1,100 steps, the right-readout recipe's compute;
+long_3900/curve.json: the library's recipe for 3,900 steps, three times the budget, 2026-12-05), their
 own minutes on the 2026-12-04 Intel host, where the right-readout recipe's step measured 0.67x theirs.
 """
 import json
@@ -34,5 +35,6 @@ for r in r2:
   r["minutes"] = 1.04 * shift_minutes[r["step"]]
 _, two = rows("two_stream/curve_probe.json", {"two_stream_blind_ce": "two streams, blind_ce, 1,300 steps (Intel host)"})
 _, two_1100 = rows("two_stream/curve_1100.json", {"two_stream": "two streams, blind_ce, 1,100 steps (Intel host)"})
-likelihood_curve.plot(base + shift + r2 + two + two_1100, truth, HERE / "bound_vs_minutes.png")
+_, long = rows("long_3900/curve.json", {"two_stream_3900": "two streams, blind_ce, 3,900 steps (Intel host)"})
+likelihood_curve.plot(base + shift + r2 + two + two_1100 + long, truth, HERE / "bound_vs_minutes.png")
 print("wrote", HERE / "bound_vs_minutes.png")
