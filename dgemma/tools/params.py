@@ -121,13 +121,19 @@ def components(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
   return comps
 
 
+def trunk_active(comps: dict[str, tuple[int, int]]) -> int:
+  """Active parameters of the repeating stack's matmuls (attention, dense MLP, experts, router) in `components`
+  output: what one more pass of the stack over a token costs, 2 FLOPs per parameter forward."""
+  return sum(comps[c][1] for c in ("attention", "dense_mlp", "experts", "router"))
+
+
 def forward_flops(cfg: ModelConfig, tokens: int, keys: int, decoder: bool, sc_signal: bool) -> float:
   """Useful matmul FLOPs of one pass over `tokens` queries attending `keys` keys: active experts only,
   attention over every key (the masks are dense), and in the decoder the output logits, the
   self-conditioning MLP and, with a signal, the soft embedding softmax(sc) @ table (an encode is
   counted without its logits, as the sampler runs it)."""
   comps = components(cfg)
-  trunk = sum(comps[c][1] for c in ("attention", "dense_mlp", "experts", "router"))
+  trunk = trunk_active(comps)
   per_token = 2 * trunk
   if decoder:
     per_token += 2 * cfg.vocab_size * cfg.d_model  # output logits
@@ -188,8 +194,7 @@ def train_step_flops(cfg: ModelConfig, diffusion, rows: int, seq_len: int) -> fl
     flops -= 6 * components(cfg)["decoder_head"][1] * encoder_tokens
   if cfg.decoder_two_stream:  # the backward stream: the stack once more over the canvases; the MLP decoder only
     comps = components(cfg)
-    trunk = sum(comps[c][1] for c in ("attention", "dense_mlp", "experts", "router"))
-    flops += 6 * trunk * (canvas_tokens + short_tokens) - 6 * comps["two_stream"][1] * encoder_tokens
+    flops += 6 * trunk_active(comps) * (canvas_tokens + short_tokens) - 6 * comps["two_stream"][1] * encoder_tokens
   return rows * flops
 
 
