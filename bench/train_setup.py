@@ -11,7 +11,7 @@ def train_step_inputs(settings):
   """(step, state, batch, rng): `step(state, batch, rng) -> (state, metrics)` jitted with the state donated
   (not yet compiled), the state initialised from PRNGKey(0), the config's first training batch on device."""
   mesh = mesh_lib.make_mesh(settings.mesh.shape)
-  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
+  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, model_cfg=settings.model)
   step = jax.jit(step_lib.make_train_step(settings.model, settings.diffusion, optimizer,
                                           optimizer_lib.make_schedule(settings.opt, 10)), donate_argnums=(0,))
   batch = jax.device_put(next(data.make_iterator(settings, data.prepare(settings), "train")))

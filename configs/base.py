@@ -74,6 +74,9 @@ def get_config() -> ml_collections.ConfigDict:
                                          # low-noise examples, density ~ t^(1/p - 1); the eval bound still
                                          # integrates t uniformly, and the train-time canvas_nelbo metric is
                                          # importance-weighted back to it)
+  config.diffusion.t_mixture = ()        # (weight, t_lo, t_hi): each example's t is instead U(t_lo, t_hi) with
+                                         # probability weight (0 < weight < 1); the canvas_nelbo metric is
+                                         # importance-weighted back to uniform t. () = off
   # Duo's curriculum (dgemma/diffusion/relaxation.py): for the first curriculum_steps training steps the
   # decoder reads softmax(w / tau) of a Gaussian latent w whose argmax is the uniform-state canvas (same
   # alpha(t), same loss at the argmax); tau goes geometrically from tau_start to tau_end. 0 = off.
@@ -113,8 +116,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.diffusion.short_canvases_per_row = 0  # A (0 = as many as the K canvases' tokens cover)
   config.diffusion.short_canvas_weight = 0.5
 
-  # Optimiser: AdamW, linear warmup then cosine decay, global-norm clipping.
+  # Optimiser: global-norm clipping, then AdamW or Muon (dgemma/train/optimizer.py OPTIMIZERS); linear warmup then
+  # cosine decay of every learning rate.
   config.opt = ml_collections.ConfigDict()
+  config.opt.optimizer = "adamw"         # 'adamw' | 'muon' (hidden matrices: orthogonalised momentum at muon_lr;
+                                         # the rest: Nesterov AdamW at lr, no weight decay; full training only)
+  config.opt.muon_lr = 0.02              # 'muon': the matrices' peak learning rate (opt.lr: the other parameters')
+  config.opt.muon_momentum = 0.95        # 'muon': the matrices' (Nesterov) momentum
   config.opt.lr = 3e-4
   config.opt.end_lr_fraction = 0.1
   config.opt.warmup_steps = 100

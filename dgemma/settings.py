@@ -40,6 +40,7 @@ from dgemma.diffusion.config import DiffusionSettings
 from dgemma.errors import ConfigError
 from dgemma.model.config import ModelConfig
 from dgemma.model.sharding import MESH_AXES
+from dgemma.train import optimizer as optimizer_lib
 from dgemma.sampling.config import (BEGIN_OF_TOOL_RESPONSE_ID, CONTEXT_LEN, END_OF_TURN_ID, EOS_ID, SEMANTICS,
                                     SamplerConfig)
 
@@ -197,6 +198,9 @@ class OptimizerSettings:
   grad_clip: float = 1.0
   grad_accum_steps: int = 1
   state_dtype: str = "float32"
+  optimizer: str = "adamw"
+  muon_lr: float = 0.02
+  muon_momentum: float = 0.95
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,6 +366,9 @@ def _data(d) -> DataSettings:
 
 def _diffusion(d, seq_len: int) -> DiffusionSettings:
   window = _tuple(d.curriculum_alpha_range)
+  mixture = _tuple(d.t_mixture)
+  _need(all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in mixture),
+        "diffusion.t_mixture", f"need numbers (weight, t_lo, t_hi), got {mixture}")
   _need(all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in window),
         "diffusion.curriculum_alpha_range", f"need numbers (alpha_lo, alpha_hi), got {window}")
   out = DiffusionSettings(
@@ -376,6 +383,7 @@ def _diffusion(d, seq_len: int) -> DiffusionSettings:
       mask_id=_int("diffusion.mask_id", d.mask_id, 0),
       antithetic_t=_bool("diffusion.antithetic_t", d.antithetic_t),
       t_power=_float("diffusion.t_power", d.t_power, 0.0, 10.0, lo_open=True),
+      t_mixture=tuple(float(a) for a in mixture),
       canvases_per_row=_int("diffusion.canvases_per_row", d.canvases_per_row, 1),
       short_canvas_len=_int("diffusion.short_canvas_len", d.short_canvas_len, 0),
       short_canvases_per_row=_int("diffusion.short_canvases_per_row", d.short_canvases_per_row, 0),
@@ -399,6 +407,10 @@ def _diffusion(d, seq_len: int) -> DiffusionSettings:
     _need(A * out.short_canvas_len < seq_len, "diffusion.short_canvases_per_row",
           f"{A} short canvases of diffusion.short_canvas_len={out.short_canvas_len} leave no context in "
           f"data.seq_len={seq_len} (0 = as many as diffusion.canvases_per_row * canvas_len tokens cover)")
+  mixture = out.t_mixture
+  _need(not mixture or (len(mixture) == 3 and 0.0 < mixture[0] < 1.0 and out.t_eps <= mixture[1] < mixture[2] <= 1.0),
+        "diffusion.t_mixture", f"need () or (weight, t_lo, t_hi) with 0 < weight < 1 and "
+        f"diffusion.t_eps={out.t_eps} <= t_lo < t_hi <= 1, got {mixture}")
   window = out.curriculum_alpha_range
   _need(not window or (len(window) == 2 and 0.0 <= window[0] < window[1] < 1.0), "diffusion.curriculum_alpha_range",
         f"need () or (alpha_lo, alpha_hi) with 0 <= alpha_lo < alpha_hi < 1, got {window}")
@@ -419,7 +431,10 @@ def _opt(o, batch_size: int) -> OptimizerSettings:
       weight_decay=_float("opt.weight_decay", o.weight_decay, 0.0),
       grad_clip=_float("opt.grad_clip", o.grad_clip, 0.0, lo_open=True),
       grad_accum_steps=_int("opt.grad_accum_steps", o.grad_accum_steps, 1),
-      state_dtype=_choice("opt.state_dtype", o.state_dtype, OPT_STATE_DTYPES))
+      state_dtype=_choice("opt.state_dtype", o.state_dtype, OPT_STATE_DTYPES),
+      optimizer=optimizer_lib.get(_str("opt.optimizer", o.optimizer)).name,
+      muon_lr=_float("opt.muon_lr", o.muon_lr, 0.0, lo_open=True),
+      muon_momentum=_float("opt.muon_momentum", o.muon_momentum, 0.0, 1.0, hi_open=True))
   _need(batch_size % out.grad_accum_steps == 0, "opt.grad_accum_steps",
         f"{out.grad_accum_steps} does not divide data.batch_size={batch_size}")
   return out
@@ -624,9 +639,13 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   model = dataclasses.replace(model, lora=finetune_lib.lora_config(finetune))  # adapters are params too
   data = _data(config.data)
   diffusion = _diffusion(config.diffusion, data.seq_len)
+  opt = _opt(config.opt, data.batch_size)
+  _need(optimizer_lib.get(opt.optimizer).supports_frozen or not finetune_lib.has_frozen(finetune), "opt.optimizer",
+        f"{opt.optimizer!r} cannot train with frozen parameters (finetune.mode={finetune.mode!r}, "
+        f"freeze_router={finetune.freeze_router}); use 'adamw'")
   settings = Settings(
       seed=_int("seed", config.seed), model=model, data=data, diffusion=diffusion,
-      opt=_opt(config.opt, data.batch_size), train=_train(config.train), distill=_distill(config.distill),
+      opt=opt, train=_train(config.train), distill=_distill(config.distill),
       finetune=finetune,
       sample=_sample(config.sample, diffusion, data, model.vocab_size), eval=_eval(config.eval),
       mesh=_mesh(config.mesh), config_json=to_json(config))
@@ -697,10 +716,10 @@ def model_differences(saved: ModelConfig, new: ModelConfig) -> list[str]:
 def architecture_differences(saved: ml_collections.ConfigDict, new: ml_collections.ConfigDict) -> list[str]:
   """The keys whose change makes `new` unable to resume a run saved with `saved`: the model architecture
   (not its compute choices), the fine-tuning layout (which parameters and optimizer states exist), the
-  optimizer state dtype and the tokenizer. Each entry reads 'key: saved -> new'."""
+  optimizer (its state's layout) and its state dtype, and the tokenizer. Each entry reads 'key: saved -> new'."""
   diffs = model_differences(ModelConfig.from_config_dict(saved.model), ModelConfig.from_config_dict(new.model))
   for dotted in ("distill.method", "finetune.mode", "finetune.lora_rank", "finetune.lora_targets", "finetune.freeze_router",
-                 "opt.state_dtype", "data.tokenizer.kind", "data.tokenizer.vocab_size", "data.tokenizer.path"):
+                 "opt.optimizer", "opt.state_dtype", "data.tokenizer.kind", "data.tokenizer.vocab_size", "data.tokenizer.path"):
     group, *rest = dotted.split(".")
     a, b = saved[group], new[group]
     for name in rest:

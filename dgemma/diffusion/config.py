@@ -26,6 +26,7 @@ class DiffusionSettings:
   mask_id: int = 4
   antithetic_t: bool = False
   t_power: float = 1.0
+  t_mixture: tuple[float, ...] = ()
   canvases_per_row: int = 1
   short_canvas_len: int = 0
   short_canvases_per_row: int = 0

@@ -127,24 +127,37 @@ def batch_totals(batch: dict[str, jax.Array], loss_cfg) -> dict[str, jax.Array]:
 def sample_times(keys_B: jax.Array, example_ids_B: jax.Array, rng: jax.Array, num_examples: jax.Array,
                  loss_cfg) -> jax.Array:
   """t = t_eps + (1 - t_eps) u^p per example, u ~ U(0, 1), p = diffusion.t_power (1: t ~ U(t_eps, 1));
-  antithetic: u_b = frac(u + id_b / B), one u per batch."""
+  antithetic: u_b = frac(u + id_b / B), one u per batch. With diffusion.t_mixture = (w, lo, hi), each example
+  instead takes t ~ U(lo, hi) with probability w (its own two draws, from its key folded with 7)."""
   if loss_cfg.antithetic_t:
     u_B = jnp.mod(jax.random.uniform(rng, ()) + example_ids_B.astype(jnp.float32) / num_examples, 1.0)
   else:
     u_B = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys_B)
   if loss_cfg.t_power != 1.0:
     u_B = u_B ** loss_cfg.t_power
-  return loss_cfg.t_eps + (1.0 - loss_cfg.t_eps) * u_B
+  t_B = loss_cfg.t_eps + (1.0 - loss_cfg.t_eps) * u_B
+  if not loss_cfg.t_mixture:
+    return t_B
+  weight, lo, hi = loss_cfg.t_mixture
+  mix_keys_B = jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys_B)
+  pick_B = jax.vmap(lambda k: jax.random.uniform(k, ()))(mix_keys_B) < weight
+  v_B = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 1), ()))(mix_keys_B)
+  return jnp.where(pick_B, lo + (hi - lo) * v_B, t_B)
 
 
 def uniform_time_weight(t_B: jax.Array, loss_cfg) -> jax.Array:
-  """1 / (density of `sample_times` relative to U(t_eps, 1)) = p v^(1 - 1/p), v = (t - t_eps) / (1 - t_eps):
-  weighting a per-example quantity by it turns an average over the training times into one over uniform t."""
+  """1 / (density of `sample_times` relative to U(t_eps, 1)): weighting a per-example quantity by it turns an
+  average over the training times into one over uniform t. The power law's relative density is
+  v^(1/p - 1) / p, v = (t - t_eps) / (1 - t_eps); a mixture (w, lo, hi) takes (1 - w) of that plus
+  w (1 - t_eps) / (hi - lo) inside [lo, hi]."""
   p = loss_cfg.t_power
-  if p == 1.0:
-    return jnp.ones_like(t_B)
   v_B = jnp.clip((t_B - loss_cfg.t_eps) / (1.0 - loss_cfg.t_eps), 0.0, 1.0)
-  return p * v_B ** (1.0 - 1.0 / p)
+  if not loss_cfg.t_mixture:
+    return jnp.ones_like(t_B) if p == 1.0 else p * v_B ** (1.0 - 1.0 / p)
+  weight, lo, hi = loss_cfg.t_mixture
+  power_density_B = jnp.ones_like(t_B) if p == 1.0 else v_B ** (1.0 / p - 1.0) / p
+  window_density_B = jnp.where((t_B >= lo) & (t_B <= hi), (1.0 - loss_cfg.t_eps) / (hi - lo), 0.0)
+  return 1.0 / ((1.0 - weight) * power_density_B + weight * window_density_B)
 
 
 def sum_sown_router_losses(intermediates: Any) -> dict[str, jax.Array]:

@@ -165,7 +165,7 @@ def train_grad_program(config, sizes: dict[str, int]):
   per-device batch; args = (params, batch, rng)."""
   settings = settings_lib.from_config(config)
   mesh = _abstract_mesh(sizes)
-  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
+  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, model_cfg=settings.model)
   _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer)
   b = max(settings.data.batch_size // (sizes["data"] * sizes["fsdp"]), 1)
   L = settings.data.seq_len

@@ -63,7 +63,7 @@ def run_abstract_state(settings, mesh: Mesh) -> tuple[Any, Callable, Any, Any]:
   """(optimizer, init_fn, abstract state, shardings) of the run `settings` describe: its optimizer over
   train.num_steps and the state it checkpoints (a distillation run's holds the round's teacher,
   dgemma/diffusion/distill.py)."""
-  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, settings.finetune)
+  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, settings.finetune, settings.model)
   init_fn, abstract, shardings = abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer)
   if distill_lib.enabled(settings.distill):
     abstract, shardings = with_teacher(abstract), with_teacher(shardings)

@@ -97,8 +97,10 @@ def test_save_restore_identical_state_and_next_batch(tiny_config, tmp_path):
 
 
 @pytest.mark.slow  # several whole training runs with checkpoints (the loop end to end)
-def test_interrupted_run_resumes_exactly(tiny_config, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])  # muon: its state has masked (empty) Adam / Muon halves
+def test_interrupted_run_resumes_exactly(tiny_config, tmp_path, optimizer):
   config = tiny_config
+  config.opt.optimizer = optimizer
   config.train.num_steps = 6
   config.train.ckpt_every = 2
   full = loop.train_and_evaluate(config, str(tmp_path / "full"))
