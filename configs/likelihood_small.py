@@ -3,7 +3,7 @@
   python -m dgemma.tools.markov_text --out_dir=data_cache/markov      # a source with a known entropy rate
   python train.py --config=configs/likelihood_small.py:data_cache/markov/train.txt --workdir=workdirs/ll_small
   python -m eval.likelihood --checkpoint=workdirs/ll_small --data=data_cache/markov/valid.txt
-  python -m eval.likelihood_curve --runs=loo_ce=workdirs/ll_small --data=data_cache/markov/valid.txt \
+  python -m eval.likelihood_curve --runs=recipe=workdirs/ll_small --data=data_cache/markov/valid.txt \\
       --truth=data_cache/markov/truth.json --out_dir=ll_curve              # every checkpoint against minutes
 
 The best diffusion recipe found here for a likelihood bound (docs/results.md, "A diffusion likelihood against
