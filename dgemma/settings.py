@@ -40,7 +40,6 @@ from dgemma.diffusion.config import DiffusionSettings
 from dgemma.errors import ConfigError
 from dgemma.model.config import ModelConfig
 from dgemma.model.sharding import MESH_AXES
-from dgemma.train import optimizer as optimizer_lib
 from dgemma.sampling.config import (BEGIN_OF_TOOL_RESPONSE_ID, CONTEXT_LEN, END_OF_TURN_ID, EOS_ID, SEMANTICS,
                                     SamplerConfig)
 
@@ -432,7 +431,8 @@ def _opt(o, batch_size: int) -> OptimizerSettings:
       grad_clip=_float("opt.grad_clip", o.grad_clip, 0.0, lo_open=True),
       grad_accum_steps=_int("opt.grad_accum_steps", o.grad_accum_steps, 1),
       state_dtype=_choice("opt.state_dtype", o.state_dtype, OPT_STATE_DTYPES),
-      optimizer=optimizer_lib.get(_str("opt.optimizer", o.optimizer)).name,
+      optimizer=_str("opt.optimizer", o.optimizer),  # a name of dgemma.train.optimizer.OPTIMIZERS (checked there,
+                                                     # by the loop before any work: that layer sits above this one)
       muon_lr=_float("opt.muon_lr", o.muon_lr, 0.0, lo_open=True),
       muon_momentum=_float("opt.muon_momentum", o.muon_momentum, 0.0, 1.0, hi_open=True))
   _need(batch_size % out.grad_accum_steps == 0, "opt.grad_accum_steps",
@@ -639,13 +639,9 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   model = dataclasses.replace(model, lora=finetune_lib.lora_config(finetune))  # adapters are params too
   data = _data(config.data)
   diffusion = _diffusion(config.diffusion, data.seq_len)
-  opt = _opt(config.opt, data.batch_size)
-  _need(optimizer_lib.get(opt.optimizer).supports_frozen or not finetune_lib.has_frozen(finetune), "opt.optimizer",
-        f"{opt.optimizer!r} cannot train with frozen parameters (finetune.mode={finetune.mode!r}, "
-        f"freeze_router={finetune.freeze_router}); use 'adamw'")
   settings = Settings(
       seed=_int("seed", config.seed), model=model, data=data, diffusion=diffusion,
-      opt=opt, train=_train(config.train), distill=_distill(config.distill),
+      opt=_opt(config.opt, data.batch_size), train=_train(config.train), distill=_distill(config.distill),
       finetune=finetune,
       sample=_sample(config.sample, diffusion, data, model.vocab_size), eval=_eval(config.eval),
       mesh=_mesh(config.mesh), config_json=to_json(config))

@@ -146,6 +146,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   """
   quiet_orbax()
   settings = settings_lib.from_config(config)  # bad config -> one clear error, before any work
+  optimizer_lib.check(settings.opt, settings.finetune)
   workdir_path = Path(workdir)
   config_changes = check_resume(workdir_path, config)
   if settings.train.init_from:

@@ -135,6 +135,16 @@ def get(name: str) -> Optimizer:
   return OPTIMIZERS[name]
 
 
+def check(opt, finetune_cfg=None) -> Optimizer:
+  """The `opt.optimizer` record, or a ConfigError naming opt.optimizer: an unknown name, or one that cannot train
+  with the frozen parameters `finetune_cfg` asks for. The loop calls it before any work."""
+  record = get(opt.optimizer)
+  if finetune.has_frozen(finetune_cfg) and not record.supports_frozen:
+    raise ConfigError(f"opt.optimizer: {record.name!r} cannot train with frozen parameters "
+                      f"(finetune.mode={finetune_cfg.mode!r}, freeze_router={finetune_cfg.freeze_router}); use 'adamw'")
+  return record
+
+
 def make_optimizer(opt, num_steps: int, finetune_cfg=None, model_cfg: Optional[ModelConfig] = None
                    ) -> optax.GradientTransformation:
   """clip -> the `opt.optimizer` record's update (module docstring). Parameters stay in model.param_dtype (fp32
@@ -143,12 +153,9 @@ def make_optimizer(opt, num_steps: int, finetune_cfg=None, model_cfg: Optional[M
   With frozen parameters (`finetune_cfg`: mode lora / head_only, or freeze_router) the chain runs only
   on the trainable leaves (clipping by their global norm) through `optax.multi_transform`, frozen leaves
   get `optax.set_to_zero()` and no optimizer state (dgemma/finetune.py)."""
-  record = get(opt.optimizer)
+  record = check(opt, finetune_cfg)
   tx = optax.chain(optax.clip_by_global_norm(opt.grad_clip), record.build(opt, num_steps, model_cfg))
   if not finetune.has_frozen(finetune_cfg):
     return tx
-  if not record.supports_frozen:
-    raise ConfigError(f"opt.optimizer: {record.name!r} cannot train with frozen parameters "
-                      f"(finetune.mode={finetune_cfg.mode!r}, freeze_router={finetune_cfg.freeze_router}); use 'adamw'")
   return optax.multi_transform({finetune.TRAINABLE: tx, finetune.FROZEN: optax.set_to_zero()},
                                functools.partial(finetune.param_labels, finetune=finetune_cfg))

@@ -12,7 +12,7 @@ from configs import tiny_test
 from dgemma import settings as settings_lib
 from dgemma.errors import ConfigError
 from dgemma.model.transformer import param_shapes
-from dgemma.train import optimizer as optimizer_lib
+from dgemma.train import loop, optimizer as optimizer_lib
 from dgemma.train.optimizer import MuonDimensionNumbers as Dims
 
 
@@ -117,17 +117,21 @@ def test_muon_update_is_the_two_dimensional_rule_on_each_matrix_slice():
     assert checked >= 4
 
 
-def test_unknown_optimizer_and_muon_with_frozen_parameters_are_config_errors():
+def test_unknown_optimizer_and_muon_with_frozen_parameters_are_config_errors(tmp_path):
   config = tiny_test.get_config()
   config.opt.optimizer = "sgd"
-  with pytest.raises(ConfigError, match="opt.optimizer"):
-    settings_lib.from_config(config)
-  config = tiny_test.get_config()
+  with pytest.raises(ConfigError, match="opt.optimizer: unknown 'sgd'"):  # the loop checks before any work
+    loop.train_and_evaluate(config, str(tmp_path / "wd"))
+  assert not (tmp_path / "wd").exists()
   config.opt.optimizer, config.finetune.mode = "muon", "lora"
+  settings = settings_lib.from_config(config)
   with pytest.raises(ConfigError, match="opt.optimizer.*frozen"):
-    settings_lib.from_config(config)
+    optimizer_lib.check(settings.opt, settings.finetune)
+  with pytest.raises(ConfigError, match="opt.optimizer.*frozen"):
+    optimizer_lib.make_optimizer(settings.opt, 10, settings.finetune, settings.model)
   config.finetune.mode = "full"
-  assert settings_lib.from_config(config).opt.optimizer == "muon"
+  settings = settings_lib.from_config(config)
+  assert optimizer_lib.check(settings.opt, settings.finetune).name == "muon"
 
 
 def test_resuming_with_another_optimizer_is_an_architecture_difference():
