@@ -104,6 +104,14 @@ def _tuple(value) -> tuple:
   return tuple(tuple(v) if isinstance(v, list) else v for v in value)
 
 
+def _numbers(field: str, value, what: str) -> tuple[float, ...]:
+  """A config tuple of numbers (not bools) as floats; anything else names `field` and the expected `what`."""
+  values = _tuple(value)
+  _need(all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in values), field,
+        f"need numbers {what}, got {values}")
+  return tuple(float(a) for a in values)
+
+
 def _check_keys(config: Any, reference: Any, prefix: str) -> None:
   if prefix in _OPEN_GROUPS:
     return
@@ -364,12 +372,8 @@ def _data(d) -> DataSettings:
 
 
 def _diffusion(d, seq_len: int) -> DiffusionSettings:
-  window = _tuple(d.curriculum_alpha_range)
-  mixture = _tuple(d.t_mixture)
-  _need(all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in mixture),
-        "diffusion.t_mixture", f"need numbers (weight, t_lo, t_hi), got {mixture}")
-  _need(all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in window),
-        "diffusion.curriculum_alpha_range", f"need numbers (alpha_lo, alpha_hi), got {window}")
+  mixture = _numbers("diffusion.t_mixture", d.t_mixture, "(weight, t_lo, t_hi)")
+  window = _numbers("diffusion.curriculum_alpha_range", d.curriculum_alpha_range, "(alpha_lo, alpha_hi)")
   out = DiffusionSettings(
       canvas_len=_int("diffusion.canvas_len", d.canvas_len, 1),
       t_eps=_float("diffusion.t_eps", d.t_eps, 0.0, 1.0, lo_open=True, hi_open=True),
@@ -382,7 +386,7 @@ def _diffusion(d, seq_len: int) -> DiffusionSettings:
       mask_id=_int("diffusion.mask_id", d.mask_id, 0),
       antithetic_t=_bool("diffusion.antithetic_t", d.antithetic_t),
       t_power=_float("diffusion.t_power", d.t_power, 0.0, 10.0, lo_open=True),
-      t_mixture=tuple(float(a) for a in mixture),
+      t_mixture=mixture,
       canvases_per_row=_int("diffusion.canvases_per_row", d.canvases_per_row, 1),
       short_canvas_len=_int("diffusion.short_canvas_len", d.short_canvas_len, 0),
       short_canvases_per_row=_int("diffusion.short_canvases_per_row", d.short_canvases_per_row, 0),
@@ -390,7 +394,7 @@ def _diffusion(d, seq_len: int) -> DiffusionSettings:
       curriculum_steps=_int("diffusion.curriculum_steps", d.curriculum_steps, 0),
       curriculum_tau_start=_float("diffusion.curriculum_tau_start", d.curriculum_tau_start, 0.0, lo_open=True),
       curriculum_tau_end=_float("diffusion.curriculum_tau_end", d.curriculum_tau_end, 0.0, lo_open=True),
-      curriculum_alpha_range=tuple(float(a) for a in window))
+      curriculum_alpha_range=window)
   _need(out.canvas_len < seq_len, "diffusion.canvas_len",
         f"canvas of {out.canvas_len} tokens does not fit in data.seq_len={seq_len} "
         "(the sequence is context + canvas; the canvas must be shorter)")
