@@ -72,11 +72,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.diffusion.antithetic_t = False  # t_b = eps + (1-eps) frac(u + b/B): low-variance t (NELBO eval)
   config.diffusion.t_power = 1.0         # training times t = eps + (1 - eps) u^t_power (1 = uniform; 2, 3: more
                                          # low-noise examples, density ~ t^(1/p - 1); the eval bound still
-                                         # integrates t uniformly, and the train-time canvas_nelbo metric is
-                                         # importance-weighted back to it)
+                                         # integrates t uniformly, the train-time canvas_nelbo metric is
+                                         # importance-weighted back to it, validation draws uniform t)
   config.diffusion.t_mixture = ()        # (weight, t_lo, t_hi): each example's t is instead U(t_lo, t_hi) with
-                                         # probability weight (0 < weight < 1); the canvas_nelbo metric is
-                                         # importance-weighted back to uniform t. () = off
+                                         # probability weight (0 < weight < 1); the train-time canvas_nelbo is
+                                         # importance-weighted back to uniform t, validation draws uniform t
+                                         # (dgemma/train/step.py). () = off
   # Duo's curriculum (dgemma/diffusion/relaxation.py): for the first curriculum_steps training steps the
   # decoder reads softmax(w / tau) of a Gaussian latent w whose argmax is the uniform-state canvas (same
   # alpha(t), same loss at the argmax); tau goes geometrically from tau_start to tau_end. 0 = off.
@@ -259,7 +260,8 @@ def get_config() -> ml_collections.ConfigDict:
                                          # the samples' exact bits per byte under the source ('' = not reported)
   config.eval.samples_out = ""           # samples: write every sample as JSONL here ('' = do not)
   config.eval.out = ""                   # likelihood / samples: write the summary JSON here ('' = print only)
-  config.eval.seed = 0                   # noise for the likelihood's t and z_t draws
+  config.eval.seed = 0                   # noise for the likelihood's t and z_t draws, and for training's
+                                         # validation pass (not `seed`: every run is scored on the same draws)
 
   # Device mesh (dgemma.mesh.make_mesh): a preset from configs/mesh/ (cpu_host | gpu8_expert |
   # tpu_slice) with keys `preset` (informational), `shape` (axis sizes of data, fsdp, expert, tensor;

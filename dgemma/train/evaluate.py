@@ -10,6 +10,13 @@ import jax
 from dgemma.train.step import device_batch
 
 
+def validation_rng(settings) -> jax.Array:
+  """The validation pass's noise key, from `eval.seed` and not the training `seed`: runs that differ in the training
+  seed (or the time sampler, dgemma.train.step.make_eval_step) are scored on the same t and z_t draws of the same
+  (unshuffled) batches. (eval.seed = seed = 0 gives the key the loop drew from the training seed before.)"""
+  return jax.random.fold_in(jax.random.PRNGKey(settings.eval.seed), 2)
+
+
 def validation_metrics(eval_step, params, data_iter: Iterator, num_batches: int, sharding, rng) -> dict[str, float]:
   totals: dict[str, float] = {}
   weights = 0.0

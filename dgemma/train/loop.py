@@ -200,7 +200,7 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   writer.truncate_after(restored_step or 0)
 
   base_rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), 1)
-  eval_rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), 2)
+  eval_rng = evaluate.validation_rng(settings)
   skip_nonfinite = train_cfg.nonfinite == "skip"
   train_step = jax.jit(step_lib.make_train_step(model_cfg, settings.diffusion, optimizer, schedule,
                                                 grad_accum_steps=settings.opt.grad_accum_steps,

@@ -4,6 +4,7 @@ a non-finite loss, gradient or state) and one validation batch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
@@ -113,8 +114,14 @@ def make_train_step(model_cfg: ModelConfig, loss_cfg, optimizer, schedule: optax
 
 
 def make_eval_step(model_cfg: ModelConfig, loss_cfg):
+  """Validation metrics of one batch. The times are drawn uniformly whatever the training draws
+  (`diffusion.t_power`, `diffusion.t_mixture` apply to training only): the validation `canvas_nelbo` is then a
+  plain average over uniform t, without the importance weights that make the training-time estimate noisier,
+  and runs that train with different time samplers are scored on the same times."""
+  eval_cfg = dataclasses.replace(loss_cfg, t_power=1.0, t_mixture=())
+
   def eval_step(params, batch, rng):
-    _, metrics = diffusion_loss_lib.diffusion_loss(params, batch, rng, model_cfg=model_cfg, loss_cfg=loss_cfg,
+    _, metrics = diffusion_loss_lib.diffusion_loss(params, batch, rng, model_cfg=model_cfg, loss_cfg=eval_cfg,
                                                    eval_metrics=True)
     return metrics
   return eval_step
