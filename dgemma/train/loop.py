@@ -23,12 +23,13 @@ Safety, in order (docs/reliability.md):
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -106,6 +107,49 @@ def _copy_tokenizer(workdir: Path, tokenizer) -> None:
     tmp.replace(dest)
 
 
+class RunPrograms(NamedTuple):
+  """What a run traces and compiles, made once per process for each setup (`run_programs`)."""
+  optimizer: Any
+  init_fn: Callable
+  abstract_state: Any
+  state_shardings: Any
+  init_state: Callable   # jitted: rng -> a fresh TrainState placed on the mesh
+  train_step: Callable   # jitted: (state, batch, rng) -> (state, metrics), the state donated
+  eval_step: Callable    # jitted: (params, batch, rng) -> metrics
+
+
+def run_programs(settings, mesh) -> RunPrograms:
+  """The optimizer, state layout and jitted init / train / eval steps of the run `settings` describe on `mesh`.
+
+  Re-running train_and_evaluate in one process with the same model, objective, optimizer, schedule length,
+  fine-tuning, distillation and mesh (a resume, a notebook cell run again) reuses the jitted functions, so
+  nothing is traced or compiled twice: jax.jit keys its caches on the function object, which would be new
+  on every call. Data, checkpoint and logging settings are not part of the key (they are not in the programs)."""
+  return _run_programs(settings.model, settings.diffusion, settings.opt, settings.finetune, settings.distill,
+                       settings.train.num_steps, settings.train.nonfinite, settings.mesh.axis_rules, mesh)
+
+
+@functools.lru_cache(maxsize=2)
+def _run_programs(model_cfg, diffusion_cfg, opt_cfg, finetune_cfg, distill_cfg, num_steps: int, nonfinite: str,
+                  axis_rules, mesh) -> RunPrograms:
+  optimizer = optimizer_lib.make_optimizer(opt_cfg, num_steps, finetune_cfg, model_cfg)
+  init_fn, abstract_state, state_shardings = state_lib.abstract_train_state(model_cfg, mesh, axis_rules, optimizer)
+  init_state = state_lib.jit_init(init_fn, state_shardings)
+  if distill_lib.enabled(distill_cfg):
+    abstract_state, state_shardings = state_lib.with_teacher(abstract_state), state_lib.with_teacher(state_shardings)
+  schedule = optimizer_lib.make_schedule(opt_cfg, num_steps)
+  data_sharding = mesh_lib.batch_sharding(mesh, axis_rules)
+  train_step = jax.jit(step_lib.make_train_step(model_cfg, diffusion_cfg, optimizer, schedule,
+                                                grad_accum_steps=opt_cfg.grad_accum_steps,
+                                                finetune_cfg=finetune_cfg, skip_nonfinite=nonfinite == "skip",
+                                                distill_cfg=distill_cfg),
+                       in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
+                       donate_argnums=(0,))
+  eval_step = jax.jit(step_lib.make_eval_step(model_cfg, diffusion_cfg),
+                      in_shardings=(state_shardings.params, data_sharding, None))
+  return RunPrograms(optimizer, init_fn, abstract_state, state_shardings, init_state, train_step, eval_step)
+
+
 def _restore(manager, workdir: Path, settings, abstract_state):
   """(step, state, data_state) of the checkpoint to resume from, falling back past unreadable steps
   (module docstring, 3); (None, None, None) for a fresh run."""
@@ -168,8 +212,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   model_cfg, train_cfg = settings.model, settings.train
   _copy_tokenizer(workdir_path, prepared.tokenizer)
   num_steps = train_cfg.num_steps
-  schedule = optimizer_lib.make_schedule(settings.opt, num_steps)
-  optimizer, init_fn, abstract_state, state_shardings = state_lib.run_abstract_state(settings, mesh)
+  programs = run_programs(settings, mesh)
+  optimizer, init_fn, abstract_state, state_shardings = programs[:4]
   distilling = distill_lib.enabled(settings.distill)
   data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
 
@@ -188,8 +232,7 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
                                                    state_shardings,
                                                    init_fn, jax.random.PRNGKey(settings.seed))
   else:
-    state, _ = state_lib.create_train_state(model_cfg, mesh, settings.mesh.axis_rules, optimizer,
-                                            jax.random.PRNGKey(settings.seed))
+    state = programs.init_state(jax.random.PRNGKey(settings.seed))
   if distilling and restored_step is None:  # round 0's teacher: the run the student starts from
     state = state_lib.with_teacher(state, state_lib.copy_params(state.params, state_shardings.params))
   if jax.process_index() == 0:  # only now: a failed restore leaves the saved config as it was
@@ -202,14 +245,7 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   base_rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), 1)
   eval_rng = evaluate.validation_rng(settings)
   skip_nonfinite = train_cfg.nonfinite == "skip"
-  train_step = jax.jit(step_lib.make_train_step(model_cfg, settings.diffusion, optimizer, schedule,
-                                                grad_accum_steps=settings.opt.grad_accum_steps,
-                                                finetune_cfg=settings.finetune, skip_nonfinite=skip_nonfinite,
-                                                distill_cfg=settings.distill),
-                       in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
-                       donate_argnums=(0,))
-  eval_step = jax.jit(step_lib.make_eval_step(model_cfg, settings.diffusion),
-                      in_shardings=(state_shardings.params, data_sharding, None))
+  train_step, eval_step = programs.train_step, programs.eval_step
   if jax.process_count() > 1:
     # Compile both steps first, then wait for every process: the first cross-process collective
     # must start everywhere within gloo's 30 s connect timeout, and compile times differ.

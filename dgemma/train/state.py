@@ -79,10 +79,14 @@ def param_partition_specs(model_cfg: ModelConfig, mesh: Mesh, axis_rules) -> dic
           for path, leaf in jax.tree_util.tree_leaves_with_path(abstract.params)}
 
 
+def jit_init(init_fn: Callable, shardings: Any) -> Callable:
+  """rng -> the fresh state `init_fn` makes, unboxed and placed on `shardings` (one jitted function)."""
+  return jax.jit(lambda r: unbox(init_fn(r)), out_shardings=shardings)
+
+
 def create_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer, rng) -> tuple[TrainState, Any]:
   init_fn, _, shardings = abstract_train_state(model_cfg, mesh, axis_rules, optimizer)
-  state = jax.jit(lambda r: unbox(init_fn(r)), out_shardings=shardings)(rng)
-  return state, shardings
+  return jit_init(init_fn, shardings)(rng), shardings
 
 
 def init_from_model_config(path: str) -> ModelConfig:

@@ -1,5 +1,6 @@
 """Training loop: learning, checkpoint round trips, exact resume, and multi-device equivalence."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -114,6 +115,26 @@ def test_interrupted_run_resumes_exactly(tiny_config, tmp_path, optimizer):
   assert any(r["split"] == "eval" for r in records)
   assert all(r["tokens_per_sec"] > 0 for r in records if r["split"] == "train")
   assert list((tmp_path / "full" / "tensorboard").glob("events.out.tfevents.*"))
+  # The three runs (one process, one setup) traced and compiled the train step once (loop.run_programs).
+  settings = settings_lib.from_config(config)
+  assert loop.run_programs(settings, mesh_lib.make_mesh(settings.mesh.shape)).train_step._cache_size() == 1
+
+
+def test_run_programs_are_shared_by_runs_of_one_setup_only(tiny_config):
+  """loop.run_programs: a run whose data, checkpoint or logging settings differ reuses the jitted programs (so a
+  resume or a re-run notebook cell traces nothing again); any setting the programs depend on makes new ones."""
+  settings = settings_lib.from_config(tiny_config)
+  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  programs = loop.run_programs(settings, mesh)
+  tiny_config.data.batch_size, tiny_config.train.ckpt_every, tiny_config.seed = 8, 1, 3  # not in the programs
+  tiny_config.eval.seed, tiny_config.train.init_from = 5, "/elsewhere"
+  assert loop.run_programs(settings_lib.from_config(tiny_config), mesh) is programs
+  for key, value in (("opt.lr", 0.5), ("train.num_steps", 7), ("diffusion.canvas_len", 8),
+                     ("train.nonfinite", "skip"), ("finetune.freeze_router", True)):
+    changed = settings_lib.from_config(tiny_config)
+    group, name = key.split(".")
+    changed = dataclasses.replace(changed, **{group: dataclasses.replace(getattr(changed, group), **{name: value})})
+    assert loop.run_programs(changed, mesh) is not programs, key
 
 
 @pytest.mark.slow  # a short training run (one train-step compile)
@@ -173,10 +194,10 @@ schedule = optimizer_lib.make_schedule(settings.opt, 10)
 rules = settings.mesh.axis_rules
 flat = lambda tree: [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
 arrays, states = {}, {}
-# (name, mesh, moe_impl): data + FSDP, tensor, expert-parallel and mixed meshes against one device.
+# (name, mesh, moe_impl): data + FSDP + tensor, data + expert-parallel and mixed meshes against one device.
+# Every axis is split in two of the three meshes, each MoE path under two (one compile per mesh).
 cases = [("1dev", dict(data=1, fsdp=1, expert=1, tensor=1), "ragged"),
-         ("data_fsdp", dict(data=2, fsdp=4, expert=1, tensor=1), "ragged"),
-         ("tensor", dict(data=2, fsdp=1, expert=1, tensor=4), "ragged"),
+         ("data_fsdp_tensor", dict(data=2, fsdp=2, expert=1, tensor=2), "ragged"),
          ("expert", dict(data=2, fsdp=1, expert=4, tensor=1), "expert_parallel"),
          ("mixed", dict(data=1, fsdp=2, expert=2, tensor=2), "expert_parallel")]
 results = {}
@@ -252,7 +273,7 @@ def test_eight_virtual_devices_match_one_device(tmp_path):
   """One subprocess with 8 virtual CPU devices (shared startup and compiles):
   - golden PartitionSpecs of every parameter under each mesh preset (tests/golden/partition_specs.json,
     regenerate with `python tests/golden/make_partition_specs.py`);
-  - 2 training steps on data + FSDP, tensor, expert-parallel and mixed meshes give the 1-device loss,
+  - 2 training steps on data + FSDP + tensor, data + expert-parallel and mixed meshes give the 1-device loss,
     gradient norm, Adam first moments (= gradients mixed over 2 steps) and parameters;
   - expert-parallel dispatch with padding equals the dense reference; sharded sampling gives the
     1-device tokens."""
@@ -272,7 +293,7 @@ def test_eight_virtual_devices_match_one_device(tmp_path):
                                                          key=lambda k: int(k.rsplit("/", 1)[1]))]
   mu_ref, params_ref = leaves("1dev", "mu"), leaves("1dev", "params")
   mu_scale = np.sqrt(sum(np.sum(np.square(m)) for m in mu_ref))
-  for name in ("data_fsdp", "tensor", "expert", "mixed"):
+  for name in ("data_fsdp_tensor", "expert", "mixed"):
     # Same math, different reduction order across devices: fp32 round-off only (loss ~11 a mean over
     # the batch, measured <= 2% of rtol 1e-5; grad_norm <= 2% of rtol 1e-4).
     np.testing.assert_allclose(train[name]["loss"], train["1dev"]["loss"], rtol=1e-5, err_msg=name)
@@ -288,9 +309,12 @@ def test_eight_virtual_devices_match_one_device(tmp_path):
       np.testing.assert_allclose(p, p_ref, atol=0.2 * 1e-3, rtol=0, err_msg=name)  # tiny_test lr = 1e-3
   # The meshes really split the work: the batch over data x fsdp x expert, the experts over expert
   # (exchanged by all-to-all), expert_mlp over tensor.
-  assert train["data_fsdp"]["batch_shard"][0] == 1 and train["expert"]["batch_shard"][0] == 1
-  assert train["expert"]["all_to_all"] and train["mixed"]["all_to_all"] and not train["tensor"]["all_to_all"]
+  assert train["data_fsdp_tensor"]["batch_shard"][0] == 2 and train["expert"]["batch_shard"][0] == 1
+  assert train["mixed"]["batch_shard"][0] == 2  # batch 8 over fsdp x expert
+  assert (train["expert"]["all_to_all"] and train["mixed"]["all_to_all"]
+          and not train["data_fsdp_tensor"]["all_to_all"])
   assert train["expert"]["expert_shard"] == [2, 1, 64, 32] and train["mixed"]["expert_shard"] == [2, 2, 32, 16]
+  assert train["data_fsdp_tensor"]["expert_shard"] == [2, 4, 32, 16]  # embed over fsdp, expert_mlp over tensor
   # two fp32 implementations of one expert layer: 50 eps * max|out|, as in tests/model/test_moe.py
   assert res["ep_padded_err"] <= 50 * np.finfo(np.float32).eps * res["ep_padded_scale"], res["ep_padded_err"]
   assert res["sample"]["expert"] == res["sample"]["1dev"]
