@@ -23,7 +23,7 @@ Safety, in order (docs/reliability.md):
 
 from __future__ import annotations
 
-import functools
+import collections
 import json
 import math
 import shutil
@@ -118,36 +118,48 @@ class RunPrograms(NamedTuple):
   eval_step: Callable    # jitted: (params, batch, rng) -> metrics
 
 
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()  # run_programs' cache, the latest last
+_PROGRAMS_KEPT = 2
+
+
 def run_programs(settings, mesh) -> RunPrograms:
   """The optimizer, state layout and jitted init / train / eval steps of the run `settings` describe on `mesh`.
 
   Re-running train_and_evaluate in one process with the same model, objective, optimizer, schedule length,
   fine-tuning, distillation and mesh (a resume, a notebook cell run again) reuses the jitted functions, so
   nothing is traced or compiled twice: jax.jit keys its caches on the function object, which would be new
-  on every call. Data, checkpoint and logging settings are not part of the key (they are not in the programs)."""
-  return _run_programs(settings.model, settings.diffusion, settings.opt, settings.finetune, settings.distill,
-                       settings.train.num_steps, settings.train.nonfinite, settings.mesh.axis_rules, mesh)
+  on every call. Data, checkpoint and logging settings are not part of the key (they are not in the programs).
+  The programs of the last two setups are kept."""
+  key = (settings.model, settings.diffusion, settings.opt, settings.finetune, settings.distill,
+         settings.train.num_steps, settings.train.nonfinite, settings.mesh.axis_rules, mesh)
+  if key in _PROGRAMS:
+    _PROGRAMS.move_to_end(key)
+  else:
+    _PROGRAMS[key] = _make_programs(settings, mesh)
+    while len(_PROGRAMS) > _PROGRAMS_KEPT:
+      _PROGRAMS.popitem(last=False)
+  return _PROGRAMS[key]
 
 
-@functools.lru_cache(maxsize=2)
-def _run_programs(model_cfg, diffusion_cfg, opt_cfg, finetune_cfg, distill_cfg, num_steps: int, nonfinite: str,
-                  axis_rules, mesh) -> RunPrograms:
-  optimizer = optimizer_lib.make_optimizer(opt_cfg, num_steps, finetune_cfg, model_cfg)
-  init_fn, abstract_state, state_shardings = state_lib.abstract_train_state(model_cfg, mesh, axis_rules, optimizer)
-  init_state = state_lib.jit_init(init_fn, state_shardings)
-  if distill_lib.enabled(distill_cfg):
-    abstract_state, state_shardings = state_lib.with_teacher(abstract_state), state_lib.with_teacher(state_shardings)
-  schedule = optimizer_lib.make_schedule(opt_cfg, num_steps)
-  data_sharding = mesh_lib.batch_sharding(mesh, axis_rules)
-  train_step = jax.jit(step_lib.make_train_step(model_cfg, diffusion_cfg, optimizer, schedule,
-                                                grad_accum_steps=opt_cfg.grad_accum_steps,
-                                                finetune_cfg=finetune_cfg, skip_nonfinite=nonfinite == "skip",
-                                                distill_cfg=distill_cfg),
+def _make_programs(settings, mesh) -> RunPrograms:
+  """run_programs' work, reading only the settings in its key."""
+  optimizer, init_fn, abstract_state, state_shardings = state_lib.run_abstract_state(settings, mesh)
+  # A fresh state is a TrainState; a distillation run adds its round-0 teacher to it (_train).
+  fresh_shardings = state_lib.TrainState(step=state_shardings.step, params=state_shardings.params,
+                                         opt_state=state_shardings.opt_state)
+  schedule = optimizer_lib.make_schedule(settings.opt, settings.train.num_steps)
+  data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
+  train_step = jax.jit(step_lib.make_train_step(settings.model, settings.diffusion, optimizer, schedule,
+                                                grad_accum_steps=settings.opt.grad_accum_steps,
+                                                finetune_cfg=settings.finetune,
+                                                skip_nonfinite=settings.train.nonfinite == "skip",
+                                                distill_cfg=settings.distill),
                        in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
                        donate_argnums=(0,))
-  eval_step = jax.jit(step_lib.make_eval_step(model_cfg, diffusion_cfg),
+  eval_step = jax.jit(step_lib.make_eval_step(settings.model, settings.diffusion),
                       in_shardings=(state_shardings.params, data_sharding, None))
-  return RunPrograms(optimizer, init_fn, abstract_state, state_shardings, init_state, train_step, eval_step)
+  return RunPrograms(optimizer, init_fn, abstract_state, state_shardings,
+                     state_lib.jit_init(init_fn, fresh_shardings), train_step, eval_step)
 
 
 def _restore(manager, workdir: Path, settings, abstract_state):
