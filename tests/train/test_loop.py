@@ -195,7 +195,7 @@ rules = settings.mesh.axis_rules
 flat = lambda tree: [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
 arrays, states = {}, {}
 # (name, mesh, moe_impl): data + FSDP + tensor, data + expert-parallel and mixed meshes against one device.
-# Every axis is split in two of the three meshes, each MoE path under two (one compile per mesh).
+# Every axis is split in two of the three meshes; the ragged MoE runs sharded in one, expert parallelism in two.
 cases = [("1dev", dict(data=1, fsdp=1, expert=1, tensor=1), "ragged"),
          ("data_fsdp_tensor", dict(data=2, fsdp=2, expert=1, tensor=2), "ragged"),
          ("expert", dict(data=2, fsdp=1, expert=4, tensor=1), "expert_parallel"),
