@@ -141,6 +141,12 @@ def run_programs(settings, mesh) -> RunPrograms:
   return _PROGRAMS[key]
 
 
+def clear_programs() -> None:
+  """Drops run_programs' cache (its jitted functions and their compiled executables), e.g. in a notebook before
+  training a model of another size; the next run traces and compiles afresh."""
+  _PROGRAMS.clear()
+
+
 def _make_programs(settings, mesh) -> RunPrograms:
   """run_programs' work, reading only the settings in its key."""
   optimizer, init_fn, abstract_state, state_shardings = state_lib.run_abstract_state(settings, mesh)

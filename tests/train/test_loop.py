@@ -135,6 +135,10 @@ def test_run_programs_are_shared_by_runs_of_one_setup_only(tiny_config):
     group, name = key.split(".")
     changed = dataclasses.replace(changed, **{group: dataclasses.replace(getattr(changed, group), **{name: value})})
     assert loop.run_programs(changed, mesh) is not programs, key
+  latest = loop.run_programs(changed, mesh)
+  assert loop.run_programs(changed, mesh) is latest
+  loop.clear_programs()
+  assert loop.run_programs(changed, mesh) is not latest
 
 
 @pytest.mark.slow  # a short training run (one train-step compile)
