@@ -5,7 +5,8 @@
 
 Three runs of `dgemma.train.loop.train_and_evaluate` of one config in this process, each into a new workdir
 (a fresh state, nothing to resume):
-  1. first: traces, compiles (or loads from JAX's persistent compilation cache) and trains;
+  1. first: traces, compiles (or loads from JAX's persistent compilation cache) and trains, after building the
+     dataset if data.cache_dir does not hold it yet (so compare the other two: both read the built dataset);
   2. again: reuses the jitted init / train / eval programs (`dgemma.train.loop.run_programs`);
   3. cleared: the same after `dgemma.train.loop.clear_programs()`, i.e. what every run in a process cost before
      the programs were cached: traced and compiled again (the compiles are loaded instead where JAX's persistent

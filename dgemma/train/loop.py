@@ -231,7 +231,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   _copy_tokenizer(workdir_path, prepared.tokenizer)
   num_steps = train_cfg.num_steps
   programs = run_programs(settings, mesh)
-  optimizer, init_fn, abstract_state, state_shardings = programs[:4]
+  optimizer, init_fn = programs.optimizer, programs.init_fn
+  abstract_state, state_shardings = programs.abstract_state, programs.state_shardings
   distilling = distill_lib.enabled(settings.distill)
   data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
 
