@@ -11,6 +11,13 @@ The trace is the profiler's Perfetto export (`create_perfetto_trace=True`). Whic
   frames ('$file:line ...') and the runtime's 'end: op' markers.
 Two threads can run ops at once (XLA CPU's intra-op pool), so totals can add up to more than the wall time.
 `what` is the first descriptive argument the trace gives the op (the HLO op or its long name), if any.
+
+A CPU trace names ops by their HLO instruction (`ynn_fusion.539`) and says nothing of where they came from;
+`hlo_sources` reads that from the compiled program's text (each instruction's `op_name` metadata: the jaxpr
+path, e.g. `jvp(Transformer.decode)/.../moe/experts/dot_general`), and `by_source` sums the ops' times by it:
+
+  sources = hlo_sources(step.lower(*args).compile().as_text())
+  print(format_by_source(by_source(summarize(trace_events(fn), top=None), sources), per=steps))
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import tempfile
 
 import jax
@@ -39,8 +47,9 @@ def trace_events(fn) -> list[dict]:
       return json.load(f)["traceEvents"]
 
 
-def summarize(events: list[dict], top: int = 20) -> list[tuple[str, float, int, str]]:
-  """(op name, total ms, count, what) of the `top` ops by total time (module docstring: which events count)."""
+def summarize(events: list[dict], top: int | None = 20) -> list[tuple[str, float, int, str]]:
+  """(op name, total ms, count, what) of the `top` ops by total time, or of every op with top None (module
+  docstring: which events count)."""
   process_names, thread_names = {}, {}
   for e in events:
     if e.get("ph") == "M" and e.get("name") == "process_name":
@@ -68,6 +77,80 @@ def summarize(events: list[dict], top: int = 20) -> list[tuple[str, float, int, 
         args = e.get("args", {}) or {}
         what[name] = next((str(args[k]) for k in _DESCRIPTIVE_ARGS if k in args and str(args[k]) != name), "")
   return [(name, us / 1e3, count[name], what[name]) for name, us in total_us.most_common(top)]
+
+
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?metadata=\{[^}\n]*?op_name="([^"]*)"', re.M)
+
+
+def hlo_sources(hlo_text: str) -> dict[str, str]:
+  """{instruction name: its `op_name` metadata} of a compiled program's HLO text (`compiled.as_text()`). The
+  ops of a CPU trace are named by these instructions; a fusion's metadata is that of its root op."""
+  return {m.group(1): m.group(2) for m in _INSTRUCTION.finditer(hlo_text)}
+
+
+def source_label(op_name: str) -> str:
+  """A coarse where-from of an `op_name`: 'backward ' for the transposed (gradient) program, the outermost jit
+  and the autodiff wrappers removed (an empty `vmap()` stays as 'vmap'), layer indices and the loop scaffolding
+  (while/body/closed_call) folded, so that the same op of every layer sums into one row:
+  'jit(step)/transpose(jvp(Transformer.decode))/while/body/closed_call/blocks/layer_3/attn/add'
+  -> 'backward Transformer.decode/blocks/layer_*/attn/add'."""
+  parts = op_name.split("/")
+  if parts and re.fullmatch(r"p?jit\(.*\)", parts[0]):
+    parts = parts[1:]
+  backward = bool(parts) and parts[0].startswith("transpose(")
+  kept = []
+  for part in parts:
+    bare = part
+    while (m := re.fullmatch(r"(transpose|jvp|vmap)\((.*)\)", bare)):
+      bare = m.group(2) or ("vmap" if m.group(1) == "vmap" else "")
+    if bare and bare not in ("while", "body", "closed_call", "cond"):
+      kept.append(re.sub(r"^layer_\d+$", "layer_*", bare))
+  return ("backward " if backward else "") + ("/".join(kept) or "(no op name)")
+
+
+def by_source(rows: list[tuple[str, float, int, str]], sources: dict[str, str]) -> list[tuple[str, float, int]]:
+  """(source label, total ms, ops) of `summarize` rows grouped by `source_label` of their instruction's op_name,
+  largest first; an op the HLO text does not name is '(unknown) <op name>' (e.g. a copy XLA added)."""
+  total_ms, ops = collections.Counter(), collections.Counter()
+  for name, ms, _, _ in rows:
+    label = source_label(sources[name]) if name in sources else f"(unknown) {name}"
+    total_ms[label] += ms
+    ops[label] += 1
+  return [(label, ms, ops[label]) for label, ms in total_ms.most_common()]
+
+
+# The coarse parts of a dgemma train step, for `by_group` (a source label goes to the first that matches).
+TRAIN_STEP_PARTS = [
+    ("MoE: router and experts", r"/moe/"),
+    ("attention", r"/attn/"),
+    ("dense MLP", r"/mlp/"),
+    ("vocabulary: final norm, tied logits, softcap, self-conditioning softmax and soft embedding",
+     r"_readout|soft_encode|embedder|Transformer\._logits/|^(backward )?Transformer\.decode/[^/]+$"),
+    ("the rest of the model: norms, residuals, two-stream combiner", r"Transformer\."),
+    ("outside the model: losses over the logits, optimizer, noise, metrics", r".*"),
+]
+
+
+def by_group(rows: list[tuple[str, float, int]], groups: list[tuple[str, str]]) -> list[tuple[str, float, int]]:
+  """`by_source` rows summed into coarser groups: `groups` is an ordered list of (group name, regex); a source
+  label goes to the first group whose regex it matches (`re.search`), else to 'other'. Rows in `groups`' order,
+  then 'other'; every group listed, empty ones with 0."""
+  total_ms, ops = collections.Counter(), collections.Counter()
+  for label, ms, n in rows:
+    name = next((g for g, pattern in groups if re.search(pattern, label)), "other")
+    total_ms[name] += ms
+    ops[name] += n
+  names = [g for g, _ in groups] + (["other"] if "other" in total_ms else [])
+  return [(name, total_ms[name], ops[name]) for name in names]
+
+
+def format_by_source(rows: list[tuple[str, float, int]], per: float = 1.0, top: int = 30) -> str:
+  """A table of the `top` `by_source` rows and the total of all of them; `per` divides the times."""
+  total = sum(ms for _, ms, _ in rows) / per
+  lines = [f"{'ms':>9} {'share':>6} {'ops':>5}  source (all ops: {total:.1f} ms)"]
+  for label, ms, n in rows[:top]:
+    lines.append(f"{ms / per:>9.2f} {ms / per / total:>6.1%} {n:>5}  {label}")
+  return "\n".join(lines)
 
 
 def top_ops(fn, top: int = 20) -> list[tuple[str, float, int, str]]:

@@ -11,6 +11,9 @@ ceiling (bench/dot_ceiling.py): every dot_general of the step's jaxpr timed alon
 time, as a ratio to the same peak: the most the ratio above could reach with these matmul shapes if nothing else
 in the step took time. (A bound for these shapes, not for the machine: two dots the step runs side by side on
 the two cores can each beat their isolated time a little.)
+With --sources=N, also where the step's time goes: three steps traced by jax.profiler, each op's time summed by
+the source it was compiled from (bench/profiling.py `by_source`: forward or backward, model path, layers folded),
+the N largest printed. The ops of XLA CPU's two threads overlap, so the total exceeds the step's wall time.
 """
 
 import sys
@@ -24,7 +27,7 @@ import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
-from bench import dot_ceiling
+from bench import dot_ceiling, profiling
 from bench.timing import host_cpu
 from bench.train_setup import train_step_inputs
 from dgemma import settings as settings_lib
@@ -34,6 +37,7 @@ from dgemma.tools import params as params_tool
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Experiment config.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")
 _DOTS = flags.DEFINE_bool("dots", True, "Also time the step's matmuls alone (bench/dot_ceiling.py).")
+_SOURCES = flags.DEFINE_integer("sources", 0, "Also print the N largest sources of a profiled step's time (0: no).")
 
 
 def matmul_gflops(n: int = 2048, reps: int = 10, trials: int = 5) -> float:
@@ -50,6 +54,23 @@ def matmul_gflops(n: int = 2048, reps: int = 10, trials: int = 5) -> float:
     out.block_until_ready()
     best = max(best, 2 * n**3 * reps / (time.perf_counter() - t) / 1e9)
   return best
+
+
+def source_table(step, state, batch, rng, top: int, steps: int = 3):
+  """(table, state): the `top` sources of the step's op time, per step, over `steps` traced steps (module
+  docstring), and the state after them (the one passed in is donated to the steps)."""
+  sources = profiling.hlo_sources(step.lower(state, batch, rng).compile().as_text())
+  box = [state]
+
+  def run():
+    for _ in range(steps):
+      box[0], metrics = step(box[0], batch, rng)
+    jax.block_until_ready(metrics)
+
+  rows = profiling.by_source(profiling.summarize(profiling.trace_events(run), top=None), sources)
+  table = profiling.format_by_source(profiling.by_group(rows, profiling.TRAIN_STEP_PARTS), per=steps) + "\n\n" + \
+      profiling.format_by_source(rows, per=steps, top=top)
+  return f"where the step's time goes ({steps} steps traced; ms per step):\n{table}", box[0]
 
 
 def main(argv):
@@ -80,6 +101,9 @@ def main(argv):
   print(f"train step: {sec_per_step*1e3:.1f} ms  -> {tokens/sec_per_step:,.0f} tokens/s")
   print(f"model FLOP rate: {model_gflops:.1f} GFLOP/s; f32 2048^2 matmul in the same run: {peak:.1f} GFLOP/s; "
         f"ratio (MFU vs matmul peak): {model_gflops/peak:.3f}")
+  if _SOURCES.value:
+    table, state = source_table(step, state, batch, rng, _SOURCES.value)
+    print(table)
   if _DOTS.value:
     dots, loops_unknown = dot_ceiling.step_dots(step, state, batch, rng)
     rows = dot_ceiling.time_dots(dots)
