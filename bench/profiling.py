@@ -103,7 +103,7 @@ def source_label(op_name: str) -> str:
     bare = part
     while (m := re.fullmatch(r"(transpose|jvp|vmap)\((.*)\)", bare)):
       bare = m.group(2) or ("vmap" if m.group(1) == "vmap" else "")
-    if bare and bare not in ("while", "body", "closed_call", "cond"):
+    if bare and bare not in ("while", "body", "closed_call"):
       kept.append(re.sub(r"^layer_\d+$", "layer_*", bare))
   return ("backward " if backward else "") + ("/".join(kept) or "(no op name)")
 
