@@ -10,7 +10,8 @@ long_3900/curve.json: the library's recipe for 3,900 steps, three times the budg
 own minutes on the 2026-12-04 Intel host, where the right-readout recipe's step measured 0.67x theirs; and the
 two-stream recipe trained with Muon (muon/curve.json, 2026-12-05) and with Muon plus the middle-noise times
 (muon/tmix/curve.json, the recipe shipped; tests shared the cores during that run, so its steps are placed at the
-uniform-t Muon run's minutes: the same step, the same step time).
+uniform-t Muon run's minutes: the same step, the same step time); and the recipe for 3,900 steps (muon_3900/curve.json,
+2026-12-05 afternoon, nothing else running).
 """
 import json
 import sys
@@ -41,9 +42,10 @@ _, two_1100 = rows("two_stream/curve_1100.json", {"two_stream": "two streams, bl
 _, long = rows("long_3900/curve.json", {"two_stream_3900": "two streams, blind_ce, 3,900 steps (Intel host)"})
 _, muon = rows("muon/curve.json", {"muon": "two streams, blind_ce, Muon (Intel host)"})
 _, muon_tmix = rows("muon/tmix/curve.json", {"muon_tmix": "two streams, blind_ce, Muon + t mixture (the recipe)"})
+_, muon_long = rows("muon_3900/curve.json", {"muon_3900": "the recipe (Muon + t mixture), 3,900 steps"})
 muon_minutes = {r["step"]: r["minutes"] for r in muon}
 for r in muon_tmix:
   r["minutes"] = muon_minutes[r["step"]]
-likelihood_curve.plot(base + shift + r2 + two + two_1100 + long + muon + muon_tmix, truth,
+likelihood_curve.plot(base + shift + r2 + two + two_1100 + long + muon + muon_tmix + muon_long, truth,
                       HERE / "bound_vs_minutes.png")
 print("wrote", HERE / "bound_vs_minutes.png")
