@@ -128,3 +128,11 @@ def _fast_tier_guard(request, monkeypatch):
   if _fast_tier_only(request.config) and not hf_before and "transformers" in sys.modules:
     pytest.fail(f"{request.node.nodeid} imports transformers: torch parity tests are marked @pytest.mark.slow "
                 "(tests/conftest.py, the fast tier)")
+
+
+def pytest_collection_modifyitems(session, config, items):
+  """Slow tests first (stable within each tier). `make test` runs two xdist workers that take tests in this
+  order; the slowest tests (8 devices, two processes, notebooks: 30-80 s each) are in the slow tier, so
+  running them first leaves only the short fast-tier tests for the end of the run, where a long test
+  would keep one worker busy while the other has nothing left."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
