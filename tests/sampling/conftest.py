@@ -19,6 +19,7 @@ def tiny():
   cfg = SamplerConfig(canvas_len=C, max_denoising_steps=S, end_ids=(1, 106), confidence_threshold=0.05)
   run = lambda cfg=cfg, rng=keys, **kw: generate(model, params, prompts, lengths, cfg, rng, N,
                                                 return_trajectory="all", **kw)
+  jax.clear_caches()  # whatever this worker ran before (the same program in another module): the first run compiles
   out, compiles = count_compiles(run)
   return dict(model=model, params=params, prompts=prompts, lengths=lengths, keys=keys, cfg=cfg, run=run,
               out=jax.tree.map(np.asarray, out), first_compiles=compiles)
