@@ -18,7 +18,10 @@ Exact quantities (float64):
                     because every Dirichlet draw is strictly positive).
   log_prob(text)    log pi(text[:k]) + sum_i log P(text[i] | text[i-k:i]); -log_prob / (len * ln 2) is the
                     document's true bits per byte (one byte per symbol: the alphabet is ASCII).
-  posterior         not needed here: the likelihood estimator's tightness is checked elsewhere.
+  canvas_posteriors the exact denoising posteriors of a noisy canvas (forward-backward over the states), as
+                    p(x_i | z) and leave-one-out p(x_i | z_-i); `blind_loo_posteriors` the latter for a
+                    denoiser not told the noise level (eval.markov_profile, eval.markov_oracle,
+                    eval.markov_denoisers).
 """
 
 from __future__ import annotations
@@ -238,7 +241,7 @@ def vocab_logits(probs_XS: np.ndarray, ids_S, vocab_size: int) -> np.ndarray:
   return out
 
 
-def canvas_posteriors(chain: MarkovChain, prefix: str, noisy_symbols_C: np.ndarray, alpha: float,
+def canvas_posteriors(chain: MarkovChain, prefix: str, noisy_symbols_C: np.ndarray, alpha,
                       vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
   """The exact denoising posteriors of a canvas of the chain: float64 [C, S] arrays (p(x_i | z), p(x_i | z_-i)).
 
@@ -248,10 +251,18 @@ def canvas_posteriors(chain: MarkovChain, prefix: str, noisy_symbols_C: np.ndarr
   kept with probability alpha and otherwise replaced by one of `vocab_size` ids uniformly (the uniform-state
   forward process over the model's vocabulary). noisy_symbols_C: the index in the alphabet of each noisy
   token z_i, or -1 where z_i is an id outside the alphabet; a batch [B, C] of canvases (one prefix) gives
-  [B, C, S] arrays. Forward-backward on the states (last `order` symbols), emissions
-  q(z_i | x_i) = alpha [z_i = x_i] + (1 - alpha) / vocab_size; the leave-one-out posterior divides position
-  i's emission out (dgemma/diffusion/objectives.py docstring: it is the x_theta that makes the uniform-state
-  NELBO exact)."""
+  [B, C, S] arrays, and alpha may then be one value per canvas ([B]). Forward-backward on the states (last
+  `order` symbols), emissions q(z_i | x_i) = alpha [z_i = x_i] + (1 - alpha) / vocab_size; the leave-one-out
+  posterior divides position i's emission out (dgemma/diffusion/objectives.py docstring: it is the x_theta that
+  makes the uniform-state NELBO exact)."""
+  full, loo, _ = _forward_backward(chain, prefix, noisy_symbols_C, alpha, vocab_size)
+  return full, loo
+
+
+def _forward_backward(chain: MarkovChain, prefix: str, noisy_symbols_C: np.ndarray, alpha, vocab_size: int):
+  """`canvas_posteriors`' two arrays and log p(z_-i | prefix, alpha) [(B,) C]: the probability of the canvas's
+  other noisy tokens, from log p(z) (the forward pass's normalisers) and p(z_-i) = p(z) sum_x p(x_i = x | z) /
+  q(z_i | x)."""
   S, k = chain.num_symbols, chain.order
   index = {c: i for i, c in enumerate(chain.alphabet)}
   if 0 < len(prefix) < k:
@@ -260,8 +271,8 @@ def canvas_posteriors(chain: MarkovChain, prefix: str, noisy_symbols_C: np.ndarr
   single = z_BC.ndim == 1
   z_BC = z_BC[None] if single else z_BC
   B, C = z_BC.shape
-  emit_BCS = np.full((B, C, S), (1.0 - alpha) / vocab_size)
-  emit_BCS += alpha * (z_BC[..., None] == np.arange(S))
+  alpha_B = np.broadcast_to(np.asarray(alpha, np.float64), (B,))[:, None, None]
+  emit_BCS = (1.0 - alpha_B) / vocab_size + alpha_B * (z_BC[..., None] == np.arange(S))
   num_states, tail = S ** k, S ** (k - 1)
   # state p = (h, r): h its oldest symbol, r the other k-1; after symbol x the state is (r, x)
   P_HRS = chain.transitions.reshape(S, tail, S)
@@ -271,10 +282,13 @@ def canvas_posteriors(chain: MarkovChain, prefix: str, noisy_symbols_C: np.ndarr
   else:
     prev_BN = np.broadcast_to(chain.stationary(), (B, num_states))
   fwd_BCN = np.zeros((B, C, num_states))
-  for i in range(C):  # fwd[:, i, s]: p(state after x_i = s, z_1..i), normalised per step
+  log_evidence_B = np.zeros(B)
+  for i in range(C):  # fwd[:, i, s]: p(state after x_i = s | z_1..i), normalised per step
     cur_BRS = np.einsum("bhr,hrx->brx", prev_BN.reshape(B, S, tail), P_HRS) * emit_BCS[:, i, None, :]
     cur_BN = cur_BRS.reshape(B, num_states)
-    fwd_BCN[:, i] = prev_BN = cur_BN / cur_BN.sum(axis=1, keepdims=True)
+    norm_B = cur_BN.sum(axis=1)
+    log_evidence_B += np.log(norm_B)  # log p(z_i | z_1..i-1)
+    fwd_BCN[:, i] = prev_BN = cur_BN / norm_B[:, None]
   bwd_BCN = np.ones((B, C, num_states))
   for i in range(C - 2, -1, -1):  # bwd[:, i, s]: p(z_i+1..C | state after x_i = s), normalised per step
     nxt_BRS = bwd_BCN[:, i + 1].reshape(B, tail, S) * emit_BCS[:, i + 1, None, :]
@@ -284,5 +298,26 @@ def canvas_posteriors(chain: MarkovChain, prefix: str, noisy_symbols_C: np.ndarr
   full_BCS = (fwd_BCN * bwd_BCN).reshape(B, C, tail, S).sum(axis=2)
   full_BCS /= full_BCS.sum(axis=-1, keepdims=True)
   loo_BCS = full_BCS / emit_BCS
-  loo_BCS /= loo_BCS.sum(axis=-1, keepdims=True)
-  return (full_BCS[0], loo_BCS[0]) if single else (full_BCS, loo_BCS)
+  loo_mass_BC = loo_BCS.sum(axis=-1)
+  loo_BCS /= loo_mass_BC[..., None]
+  log_loo_evidence_BC = log_evidence_B[:, None] + np.log(loo_mass_BC)
+  if single:
+    return full_BCS[0], loo_BCS[0], log_loo_evidence_BC[0]
+  return full_BCS, loo_BCS, log_loo_evidence_BC
+
+
+def blind_loo_posteriors(chain: MarkovChain, prefix: str, noisy_symbols_C: np.ndarray, vocab_size: int,
+                         t_grid: np.ndarray) -> np.ndarray:
+  """float64 [C, S]: the leave-one-out posterior of a denoiser that is not told the noise level, as a network
+  without a time input (DiffusionGemma's decoder) must be: p(x_i | z_-i) = sum_t p(t | z_-i) p(x_i | z_-i, t)
+  over the noise levels `t_grid` (t = 1 - alpha of the linear schedule), equally likely a priori, each weighted
+  by p(z_-i | t) (the canvas's other tokens say how noisy it is). One canvas; `canvas_posteriors`' arguments."""
+  t_T = np.asarray(t_grid, np.float64)
+  z_C = np.asarray(noisy_symbols_C, np.int64)
+  if z_C.ndim != 1:
+    raise ValueError(f"blind_loo_posteriors: one canvas [C], got shape {z_C.shape}")
+  _, loo_TCS, log_ev_TC = _forward_backward(chain, prefix, np.broadcast_to(z_C, (len(t_T),) + z_C.shape),
+                                            1.0 - t_T, vocab_size)
+  w_TC = np.exp(log_ev_TC - log_ev_TC.max(axis=0))
+  w_TC /= w_TC.sum(axis=0)
+  return np.einsum("tc,tcs->cs", w_TC, loo_TCS)

@@ -160,3 +160,37 @@ def test_canvas_posteriors_match_enumeration(prefix):
   probs /= probs.sum(-1, keepdims=True)
   np.testing.assert_allclose(probs[..., ids], full_B, rtol=1e-5, atol=1e-7)  # fp32 logs of float64 posteriors
   assert probs[..., [i for i in range(V) if i not in ids]].max() == 0.0
+
+
+def test_blind_posteriors_match_enumeration():
+  """The leave-one-out posterior of a denoiser not told t (`blind_loo_posteriors`) against summing over every clean
+  canvas (4^5), every noise level of the grid and, for p(z_-i | t), every id z_i could have been, float64."""
+  chain = markov.MarkovChain.random(alphabet="abc ", order=2, concentration=0.3, seed=5)
+  S, C, V, prefix = 4, 5, 9, "b "
+  z = np.array([1, -1, 0, 2, 2])  # -1: the id 8, outside the alphabet (ids 0..3 are the symbols)
+  t_grid = np.array([0.1, 0.4, 0.8])
+  ids_C = np.where(z < 0, 8, z)
+  want = np.zeros((C, S))
+  log_ev = np.zeros((len(t_grid), C))
+  for g, t in enumerate(t_grid):
+    alpha = 1.0 - t
+    q = lambda zid, x: alpha * (zid == x) + (1 - alpha) / V  # q(z | x) over ids; symbols are ids 0..S-1
+    ev = np.zeros(C)
+    for xs in itertools.product(range(S), repeat=C):
+      text = prefix + "".join(chain.alphabet[x] for x in xs)
+      p = math.exp(chain.log_prob(text) - chain.log_prob(prefix))
+      emit = np.array([q(zi, xi) for zi, xi in zip(ids_C, xs)])
+      for i, xi in enumerate(xs):  # p(x_i, z_-i | t): the other positions' emissions only
+        joint = p * np.prod(np.delete(emit, i))
+        want[i, xi] += joint / len(t_grid)
+        ev[i] += joint
+    log_ev[g] = np.log(ev)
+  want /= want.sum(1, keepdims=True)
+  np.testing.assert_allclose(markov.blind_loo_posteriors(chain, prefix, z, V, t_grid), want, rtol=1e-9, atol=1e-12)
+  # the evidence itself, and the posterior at each t is canvas_posteriors'
+  _, loo_T, got_ev = markov._forward_backward(chain, prefix, np.stack([z] * 3), 1.0 - t_grid, V)
+  np.testing.assert_allclose(got_ev, log_ev, rtol=1e-10)
+  np.testing.assert_allclose(loo_T[1], markov.canvas_posteriors(chain, prefix, z, 0.6, V)[1], rtol=1e-12)
+  # one noise level: the blind denoiser is the exact one; the noise level matters to it otherwise
+  np.testing.assert_allclose(markov.blind_loo_posteriors(chain, prefix, z, V, [0.4]), loo_T[1], rtol=1e-12)
+  assert not np.allclose(want, loo_T[1], atol=1e-3)
