@@ -30,7 +30,7 @@ S = CHAIN.num_symbols
 assert CHAIN.order == 2
 P_HRS = jnp.asarray(CHAIN.transitions.reshape(S, S, S), jnp.float32)  # [x_{i-2}, x_{i-1}, x_i]
 SYMBOL_IDS = np.array([ord(c) + NUM_SPECIAL for c in CHAIN.alphabet])
-state = {"batch": None}
+state = {"batch": None, "canvas_len": None}
 orig_loss, orig_get = loss_lib.diffusion_loss, objectives.get
 
 
@@ -57,7 +57,7 @@ def exact_loo(prefix_N2, z_NC, alpha_N, V):
 def soft_blind_ce(logits_BNV, x0_BN, zt_BN, alpha_BN, dalpha_BN, **_):
   batch = state["batch"]
   B, KC, V = logits_BNV.shape
-  C = 32
+  C = state["canvas_len"]
   K = KC // C
   lut = jnp.full((V,), -1, jnp.int32).at[SYMBOL_IDS].set(jnp.arange(S, dtype=jnp.int32))
   tokens_BL, seg_BL = batch["tokens"], batch["segment_ids"]
@@ -88,7 +88,11 @@ def get(name):
 
 
 def diffusion_loss(params, batch, *a, eval_metrics=False, **kw):
+  loss_cfg = kw["loss_cfg"]
+  if loss_cfg.short_canvas_len:  # its second canvas loss would read these targets at the wrong shapes
+    raise ValueError("train_exact.py: diffusion.short_canvas_len is not supported")
   state["batch"] = None if eval_metrics else batch  # read at trace time
+  state["canvas_len"] = loss_cfg.canvas_len
   try:
     return orig_loss(params, batch, *a, eval_metrics=eval_metrics, **kw)
   finally:
