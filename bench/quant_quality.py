@@ -76,7 +76,7 @@ def mean_decoder_passes(ckpt, config, qcfg, prompts: list[list[int]], canvas_len
 
 def main(argv):
   del argv
-  config = api.run_config(checkpoints.header(_WORKDIR.value))
+  config = api.run_config(checkpoints.header(_WORKDIR.value, "--workdir"))
   if _CACHE_DIR.value:
     config.data.cache_dir = _CACHE_DIR.value
   config.diffusion.antithetic_t = True  # low-variance t over each batch (the NELBO eval setting)

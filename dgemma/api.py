@@ -129,8 +129,9 @@ def run_config(header: checkpoints.Checkpoint, config: Optional[ml_collections.C
   if header.tokenizer_file is not None:
     run.data.tokenizer.kind, run.data.tokenizer.path = "file", str(header.tokenizer_file)
   elif config is None:
-    raise ConfigError(f"--checkpoint: {header.path} holds no tokenizer (tokenizer.model or tokenizer.json): pass a "
-                      "config (--config=configs/<the run's config>.py) whose data.tokenizer names one")
+    raise ConfigError(f"{header.path} holds no tokenizer (tokenizer.model or tokenizer.json): pass a config "
+                      "whose data.tokenizer names one (dgemma.load(..., config=), or on a command line "
+                      "--config=configs/<the run's config>.py)")
   hf_config = header.hf_config or {}
   if config is None:
     canvas = int(hf_config.get("canvas_length", run.diffusion.canvas_len))
@@ -143,14 +144,15 @@ def run_config(header: checkpoints.Checkpoint, config: Optional[ml_collections.C
 
 def load(path: str, *, step: Optional[int] = None, quantize: Optional[str] = None, mesh=None,
          dtype: Optional[str] = None, config: Optional[ml_collections.ConfigDict] = None,
-         field: str = "--checkpoint") -> "Model":
+         field: str = "path") -> "Model":
   """Loads the params of any checkpoint kind (module docstring).
 
   step: a run's training step (default: sample.checkpoint_step, -1 = the latest).
   quantize: 'int8' | 'int4' | 'int4_experts' weight-only quantization at load (sample.quantize).
   mesh: a jax Mesh, or {axis: size} over (data, fsdp, expert, tensor) (default: config.mesh, data-parallel
     over this host's devices). dtype: 'float32' | 'bfloat16' parameters and compute.
-  config: settings to use (module docstring). field: how errors name `path` (a flag or config key).
+  config: settings to use (module docstring). field: how errors name `path` (a command line passes its flag,
+    checkpoints.CHECKPOINT_FLAG).
   """
   header = checkpoints.header(path, field)
   run = run_config(header, config)
@@ -417,7 +419,7 @@ def sample_command(checkpoint: str, config: Optional[ml_collections.ConfigDict] 
   first canvas. Prompts are chat turns with --chat, for .jsonl 'messages', and for runs trained on SFT rows."""
   # Everything that can be wrong with the request fails here, before a weight is read.
   items = read_prompts(prompts_file) if prompts_file else None
-  header = checkpoints.header(checkpoint)
+  header = checkpoints.header(checkpoint, checkpoints.CHECKPOINT_FLAG)
   st = call_settings(run_config(header, config), steps=steps, seed=seed, temperature=temperature)
   tokenizer = tokenizer_for(st, header)
   as_chat = chat or st.data.format == "sft"
@@ -432,7 +434,7 @@ def sample_command(checkpoint: str, config: Optional[ml_collections.ConfigDict] 
   if not st.objective.autoregressive:  # the prompts against sample.max_context
     check_request(st.canvas_sampler, batch=len(ids), prompt_len=max(len(x) for x in ids),
                   max_new_tokens=st.sample.max_new_tokens)
-  model = load(checkpoint, config=config)
+  model = load(checkpoint, config=config, field=checkpoints.CHECKPOINT_FLAG)
   live = st.sample.sampler.show == "live" and not model.objective.autoregressive
   printer = LivePrinter(model.tokenizer.decode, texts, total_steps=st.sample.sampler.max_denoising_steps,
                         end_ids=st.sample.end_ids) if live else None

@@ -38,7 +38,7 @@ def eval_config(config: Optional[ml_collections.ConfigDict], checkpoint: str,
   """The config an eval command runs with: --config (or, when an eval.* flag is given, the checkpoint's own
   run config) with those flags written into `eval`; None = the checkpoint's own settings."""
   if config is None and any(f.value is not None for f in eval_flags.values()):
-    config = api.run_config(checkpoints.header(checkpoint))
+    config = api.run_config(checkpoints.header(checkpoint, checkpoints.CHECKPOINT_FLAG))
   if config is not None:
     config = ml_collections.ConfigDict(config.to_dict())
     for name, flag in eval_flags.items():
@@ -49,7 +49,7 @@ def eval_config(config: Optional[ml_collections.ConfigDict], checkpoint: str,
 
 def checked_settings(checkpoint: str, config: Optional[ml_collections.ConfigDict]) -> settings_lib.Settings:
   """The settings `dgemma.load(checkpoint, config=config)` will use, checked, without reading weights."""
-  return settings_lib.from_config(api.run_config(checkpoints.header(checkpoint), config))
+  return settings_lib.from_config(api.run_config(checkpoints.header(checkpoint, checkpoints.CHECKPOINT_FLAG), config))
 
 
 def run_eval(argv, run: Callable) -> None:

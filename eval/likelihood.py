@@ -66,7 +66,7 @@ def run(checkpoint: str, config: Optional[ml_collections.ConfigDict], *, step: i
   texts = eval_texts(settings)
   if settings.eval.reference:
     checkpoints.header(settings.eval.reference, REFERENCE_FIELD)  # a bad path fails before any weight is read
-  model = dgemma.load(checkpoint, step=step, config=config)
+  model = dgemma.load(checkpoint, step=step, config=config, field=checkpoints.CHECKPOINT_FLAG)
   out = model.score(texts)
   if settings.eval.reference:
     out.update(compare(out, dgemma.load(settings.eval.reference, field=REFERENCE_FIELD), texts,

@@ -68,7 +68,7 @@ def curve(runs: list[tuple[str, str]], texts: list[str], truth_bpb: float | None
   for name, path in runs:
     minutes = metrics_lib.train_minutes(path)
     for step in workdir_lib.steps(path):
-      out = dgemma.load(path, step=step).score(texts)
+      out = dgemma.load(path, step=step, field="--runs").score(texts)
       row = {"run": name, "step": step, "minutes": minutes.get(step), "measure": out["measure"],
              "bits_per_byte": out["bits_per_byte"], "bits_per_byte_se": out["bits_per_byte_se"],
              "nats_per_token": out["nats_per_token"]}

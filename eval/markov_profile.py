@@ -29,7 +29,7 @@ import numpy as np
 from absl import flags
 
 import dgemma
-from dgemma import files, report
+from dgemma import checkpoints, files, report
 from dgemma.data import builder as builder_lib, markov
 from dgemma.diffusion import likelihood, objectives
 from dgemma.diffusion.corruption import split_context_canvas
@@ -192,7 +192,7 @@ def main(argv):
     raise ConfigError(f"--grid: {_FLAGS['grid'].value!r} is not a list of numbers") from e
   if not grid or not all(0.0 < t < 1.0 for t in grid):
     raise ConfigError(f"--grid: every noise level must lie in (0, 1), got {grid}")
-  model = dgemma.load(_FLAGS['checkpoint'].value, step=_FLAGS['step'].value)
+  model = dgemma.load(_FLAGS['checkpoint'].value, step=_FLAGS['step'].value, field=checkpoints.CHECKPOINT_FLAG)
   rows = profile(model, chain, texts, grid=grid, draws=_FLAGS['draws'].value, seed=_FLAGS['seed'].value)
   for r in rows:
     print(json.dumps(r))

@@ -272,7 +272,7 @@ def run(checkpoint: str, config: Optional[ml_collections.ConfigDict], *, step: i
   check_real_words(settings)
   if settings.eval.truth:
     markov.read_chain(settings.eval.truth, "eval.truth (--truth)")
-  model = dgemma.load(checkpoint, step=step, config=config)
+  model = dgemma.load(checkpoint, step=step, config=config, field=checkpoints.CHECKPOINT_FLAG)
   summary, records = sample_metrics(model)
   text = json.dumps(summary, indent=2)
   print_fn(text)

@@ -104,7 +104,7 @@ def score(puzzles: Sequence[str], solutions: Sequence[str], predictions: Sequenc
 
 def _configured_run(checkpoint: str, overrides: dict[str, Any] | None):
   """The run's config with the sample overrides applied, and its checked settings (no weights read)."""
-  config = api.run_config(checkpoints.header(checkpoint))
+  config = api.run_config(checkpoints.header(checkpoint, checkpoints.CHECKPOINT_FLAG))
   apply_sample_overrides(config, overrides or {})
   return config, settings_lib.from_config(config)
 
@@ -357,7 +357,7 @@ def probe(checkpoint: str, puzzles_csv: str, holes: Sequence[int], *, overrides:
 def _load_sudoku_run(checkpoint: str, config, settings, step: int) -> dgemma.Model:
   if settings.data.source != "sudoku":
     raise ConfigError(f"--checkpoint: {checkpoint} was trained with data.source={settings.data.source!r}, not 'sudoku'")
-  return dgemma.load(checkpoint, step=step, config=config)
+  return dgemma.load(checkpoint, step=step, config=config, field=checkpoints.CHECKPOINT_FLAG)
 
 
 def ablation_metrics(model: dgemma.Model) -> dict:

@@ -49,7 +49,7 @@ def test_sampling_is_deterministic_and_uses_the_checkpoint(trained_workdir):
 
 
 def test_sample_bad_workdir(tmp_path):
-  with pytest.raises(FileNotFoundError, match="does not exist"):
+  with pytest.raises(FileNotFoundError, match="^--checkpoint: .*nothing does not exist"):  # sample.py's flag
     api.sample_command(str(tmp_path / "nothing"))
   (tmp_path / "empty").mkdir()  # exists, but is no checkpoint: the error says what was looked for
   with pytest.raises(FileNotFoundError, match="config.json"):

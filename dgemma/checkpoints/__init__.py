@@ -33,9 +33,11 @@ from dgemma.model import ModelConfig, abstract_params
 from dgemma.model.lora import LoraConfig
 
 KINDS = ("workdir", "params", "adapter", "hf")
+# How the command lines (sample.py, eval.*) name a checkpoint path in their errors; Python callers see `path`.
+CHECKPOINT_FLAG = "--checkpoint"
 
 
-def kind(path: str | os.PathLike, field: str = "--checkpoint") -> str:
+def kind(path: str | os.PathLike, field: str = "path") -> str:
   """Which format `path` holds (module docstring); raises FileNotFoundError naming `field` and what was
   looked for."""
   p = Path(path)
@@ -80,7 +82,7 @@ def _finite_leaves(tree: Any) -> Any:
   return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else True, tree)
 
 
-def header(path: str | os.PathLike, field: str = "--checkpoint") -> Checkpoint:
+def header(path: str | os.PathLike, field: str = "path") -> Checkpoint:
   """What a checkpoint holds, without reading its weights (params=None): the architecture, the tokenizer
   file, a run's config.json (and latest step), an HF config. Errors name `field`."""
   k = kind(path, field)

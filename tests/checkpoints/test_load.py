@@ -37,7 +37,7 @@ def test_kind_tells_every_format_apart(run, tmp_path):
   hf_dir = save_random_hf(ModelConfig.from_config_dict(tiny.get_config()), tmp_path / "hf")
   assert checkpoints.kind(hf_dir) == "hf"
   (tmp_path / "other").mkdir()
-  with pytest.raises(FileNotFoundError, match=r"--checkpoint: .*other is none of: a training workdir"):
+  with pytest.raises(FileNotFoundError, match=r"^path: .*other is none of: a training workdir"):
     checkpoints.kind(tmp_path / "other")
   with pytest.raises(FileNotFoundError, match=r"eval\.reference: .*missing does not exist"):
     checkpoints.kind(tmp_path / "missing", "eval.reference")
