@@ -29,7 +29,7 @@ if [ -d .whl ]; then
 import importlib.metadata as md
 names = """absl-py array_record attrs charset-normalizer cloudpickle etils filelock googleapis-common-protos grain humanize
 immutabledict ml_collections opt_einsum portpicker prometheus_client promise protobuf safetensors sentencepiece simplejson
-six tensorboardX tensorflow-datasets tensorflow-metadata tokenizers toml tqdm wrapt psutil dm-tree termcolor requests
+six tensorflow-datasets tensorflow-metadata tokenizers toml tqdm wrapt psutil dm-tree termcolor requests
 urllib3 idna certifi""".split()
 def have(name):
   try:

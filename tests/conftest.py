@@ -79,8 +79,8 @@ def tiny_config(corpus_file, tmp_path_factory):
 # the fast tier, where no slow test can have imported transformers first: in a full run whether it was already
 # imported depends on which tests this worker ran before, so the same test could pass or fail with the order
 # (a test that built the reference in its body failed alone and passed after a slow test of its module).
-# (torch itself is not the signal: tensorboardX, the metric writer's backend, imports it whenever it is
-# installed, as it is in the test environment.)
+# (torch itself is not the signal: tensorboardX, the reference of tests/train/test_metrics.py, imports it
+# whenever it is installed, as it is in the test environment.)
 class _SubprocessInFastTest(AssertionError):
   pass
 
