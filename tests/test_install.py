@@ -1,6 +1,6 @@
 """Installing dgemma fits its host: pyproject.toml declares ranges that hold the exact lock of
 requirements.txt, and pip keeps an accelerated JAX that is already installed (Colab's GPU / TPU runtime)
-instead of replacing it with the CPU build of the lock."""
+instead of replacing it with the CPU build of the lock; and what the runtime imports leaves out the test extra."""
 
 import base64
 import hashlib
@@ -95,3 +95,16 @@ def test_installing_keeps_an_accelerated_jax_already_there(tmp_path):
   assert plan(declared) == {}  # nothing replaced: the accelerated jax stays
   pinned = [f"{n}=={v}" for n, v in locked.items()]
   assert plan(pinned).get("jax") == locked["jax"]  # a pinned install would have swapped it for the CPU lock
+
+
+@pytest.mark.slow  # a subprocess: a fresh interpreter's sys.modules
+def test_training_sampling_and_eval_import_no_test_only_package():
+  """The test extra (torch, transformers, the tensorboardX reference) is installed here, as on a researcher's
+  machine; the runtime must not import it (train.py, and what sample.py and the eval commands call). tensorboardX did, through torch (1.4 s at every start of a process
+  that trained or sampled): dgemma/train/metrics.py now writes the event files itself."""
+  test_only = ("torch", "transformers", "tensorboardX", "tensorflow")
+  code = ("import sys; import train, dgemma, dgemma.api, dgemma.train.loop, eval.likelihood, eval.samples, "
+          f"eval.ablate; print([m for m in {test_only!r} if m in sys.modules])")
+  run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.split("\n")[-2] == "[]", run.stdout
