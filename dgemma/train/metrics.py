@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 from absl import logging
 
 from dgemma import files
@@ -93,6 +94,13 @@ def _field(number: int, wire_type: int, payload: bytes) -> bytes:
   return key + (_varint(len(payload)) + payload if wire_type == 2 else payload)
 
 
+def _float32(value: float) -> bytes:
+  """A float field's 4 bytes, rounded to nearest as protobuf does: beyond the float32 range is +-inf (a diverging
+  run's metrics still write), not struct's OverflowError."""
+  with np.errstate(over="ignore"):
+    return np.array(value, "<f4").tobytes()
+
+
 def event_proto(wall_time: float, step: int = 0, file_version: str | None = None,
                 scalars: tuple[tuple[str, float], ...] = ()) -> bytes:
   """tensorflow.Event serialised as protobuf does it: wall_time (1, double), step (2, int64; omitted when 0 as
@@ -104,7 +112,7 @@ def event_proto(wall_time: float, step: int = 0, file_version: str | None = None
   if file_version is not None:
     out += _field(3, 2, file_version.encode())
   if scalars:
-    values = b"".join(_field(1, 2, _field(1, 2, tag.encode()) + _field(2, 5, struct.pack("<f", value)))
+    values = b"".join(_field(1, 2, _field(1, 2, tag.encode()) + _field(2, 5, _float32(value)))
                       for tag, value in scalars)
     out += _field(5, 2, values)
   return out
