@@ -136,8 +136,9 @@ class ScalarEventWriter:
     self._file.write(tfrecord(event))
     self._file.flush()
 
-  def add_scalar(self, tag: str, value: float, step: int) -> None:
-    self._write(event_proto(time.time(), step=int(step), scalars=((tag, float(value)),)))
+  def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
+    """One event: every scalar of `step` in one summary (TensorBoard plots each tag on its own)."""
+    self._write(event_proto(time.time(), step=int(step), scalars=tuple((t, float(v)) for t, v in scalars.items())))
 
   def close(self) -> None:
     self._file.close()
@@ -162,8 +163,7 @@ class MetricWriter:
   def write(self, step: int, metrics: dict[str, float], prefix: str = "train") -> None:
     if not self.enabled:
       return
-    for k, v in metrics.items():
-      self.tb.add_scalar(f"{prefix}/{k}", v, step)
+    self.tb.write_scalars(step, {f"{prefix}/{k}": v for k, v in metrics.items()})
     with open(self.jsonl, "a") as f:
       f.write(json.dumps({"step": step, "split": prefix, **{k: float(v) for k, v in metrics.items()}}) + "\n")
     logging.info("[%s] step %d: %s", prefix, step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))

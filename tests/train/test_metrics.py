@@ -75,7 +75,7 @@ def test_metric_writer_files_read_back(tmp_path):
   writer.close()
   (path,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
   events = _read_events(path)
-  assert events[0].file_version == "brain.Event:2"
+  assert events[0].file_version == "brain.Event:2" and len(events) == 3  # one event per write
   got = [(e.step, v.tag, v.simple_value) for e in events[1:] for v in e.summary.value]
   assert got == [(2, "train/loss", 3.5), (2, "train/lr", pytest.approx(1e-3, rel=1e-7)), (4, "eval/loss", 2.75)]
   assert [r["split"] for r in metrics.read_metrics(tmp_path)] == ["train", "eval"]
