@@ -34,7 +34,7 @@ def import_code(entry: str) -> str:
 
 
 def time_import(entry: str) -> tuple[float, float]:
-  """(wall, CPU) seconds of a fresh interpreter that imports `entry` (the children's CPU included: none here)."""
+  """(wall, CPU) seconds of a fresh interpreter that imports `entry`; the CPU seconds are its own, as it reports them."""
   start = time.perf_counter()
   run = subprocess.run([sys.executable, "-c", import_code(entry)], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
