@@ -57,6 +57,7 @@ the total to add to the objective is `sum(jax.tree.leaves(intermediates))`.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Optional
 
@@ -560,7 +561,18 @@ def shift_canvas_logits(dec_logits_BCV: jax.Array, prev_logits_BKV: jax.Array) -
 # ---- parameter accounting (no allocation) -----------------------------------------------------
 def boxed_param_shapes(cfg: ModelConfig) -> Any:
   """The parameter tree with its logical axis boxes (nn.Partitioned) and jax.ShapeDtypeStruct leaves
-  (`jax.eval_shape`, nothing allocated)."""
+  (`jax.eval_shape`, nothing allocated). Tracing the model's init takes about half a second on a CPU, and one
+  command asks for the same architecture's tree several times (the optimizer's Muon axes, the train state, a
+  checkpoint's restore target, parameter counts), so each process traces an architecture once
+  (`_traced_param_shapes`); every call returns a tree of its own, which the caller may change."""
+  traced = _traced_param_shapes(cfg, bool(jax.config.jax_enable_x64))
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), traced)
+
+
+@functools.lru_cache(maxsize=16)
+def _traced_param_shapes(cfg: ModelConfig, x64: bool) -> Any:
+  """boxed_param_shapes' trace of `cfg`'s init, kept per architecture (and x64 mode, which can change dtypes)."""
+  del x64  # part of the cache key only
   model = Transformer(cfg)
   tok = jnp.zeros((1, 1), jnp.int32)
   with nn.logical_axis_rules(()):  # no activation constraints while tracing init

@@ -22,6 +22,7 @@ from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.diffusion import distill as distill_lib
 from dgemma.errors import CheckpointError, ConfigError
 from dgemma.model import ModelConfig, Transformer, param_shapes
+from dgemma.model.transformer import boxed_param_shapes
 from dgemma.model import lora
 from dgemma.model.sharding import place, unbox
 from dgemma.train import optimizer as optimizer_lib
@@ -51,7 +52,11 @@ def abstract_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimiz
     opt_state = optimizer.init(params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
-  boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+  # The shapes init_fn makes, without tracing the model again (boxed_param_shapes keeps each architecture's):
+  # only the optimizer's init is traced here. tests/train/test_state.py checks it against eval_shape(init_fn).
+  params = boxed_param_shapes(model_cfg)
+  boxed = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                     opt_state=jax.eval_shape(optimizer.init, params))
   # optax.masked (frozen leaves) leaves boxes around empty MaskedNodes: they hold no array, drop the box.
   boxed = jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) and not jax.tree.leaves(x.value) else x,
                        boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))

@@ -138,6 +138,26 @@ def test_param_tree_contract():
   assert not any("moe" in k or "self_conditioning" in k for k in names)
 
 
+def test_param_shapes_are_traced_once_per_architecture_and_each_call_gets_its_own_tree():
+  from dgemma.model import transformer
+  first = transformer.boxed_param_shapes(TINY)
+  # The same tree as a fresh trace of the model's init, boxes (logical axis names) included.
+  fresh = transformer._traced_param_shapes.__wrapped__(TINY, False)
+  assert jax.tree.structure(first) == jax.tree.structure(fresh)
+  assert jax.tree.leaves(first) == jax.tree.leaves(fresh)
+  assert nn.get_partition_spec(first) == nn.get_partition_spec(fresh)
+  # Asked again: no new trace, and a tree of its own that a caller may change without touching the next one's.
+  traces = transformer._traced_param_shapes.cache_info().misses
+  second = transformer.boxed_param_shapes(TINY)
+  assert transformer._traced_param_shapes.cache_info().misses == traces
+  assert second is not first and second == first
+  del first["embedder"]
+  assert "embedder" in transformer.boxed_param_shapes(TINY)
+  # Another architecture is traced for itself.
+  wider = dataclasses.replace(TINY, d_model=2 * TINY.d_model)
+  assert param_shapes(wider)["embedder"]["embedding"].shape == (TINY.vocab_size, 2 * TINY.d_model)
+
+
 def test_count_params_26b():
   counts = count_params(ModelConfig())  # the released 26B-A4B trunk, shapes only
   assert abs(counts["total"] / 1e9 - 25.2) < 0.1, counts

@@ -1,0 +1,35 @@
+"""dgemma/train/state.py: the abstract train state is what its init_fn makes, without a second trace of the model."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from configs import tiny_test
+from dgemma import mesh as mesh_lib
+from dgemma import settings as settings_lib
+from dgemma.train import optimizer as optimizer_lib
+from dgemma.train import state as state_lib
+
+
+@pytest.mark.parametrize("optimizer_name, finetune_mode, state_dtype", [
+    ("adamw", "full", "float32"),
+    ("adamw", "full", "bfloat16"),   # Adam moments stored in bf16: the state's dtypes differ from the params'
+    ("muon", "full", "float32"),
+    ("adamw", "lora", "float32"),    # frozen leaves: optax.masked leaves empty boxes, dropped by the function
+])
+def test_abstract_state_equals_the_shapes_init_fn_makes(optimizer_name, finetune_mode, state_dtype):
+  config = tiny_test.get_config()
+  config.opt.optimizer, config.finetune.mode, config.opt.state_dtype = optimizer_name, finetune_mode, state_dtype
+  if finetune_mode == "lora":
+    config.finetune.lora_rank = 2
+  settings = settings_lib.from_config(config)
+  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  optimizer = optimizer_lib.make_optimizer(settings.opt, 10, settings.finetune, settings.model)
+  init_fn, abstract, shardings = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules,
+                                                                optimizer)
+  # The reference: trace init_fn itself (the model's init and the optimizer's), as a fresh state is made.
+  traced = jax.eval_shape(state_lib.jit_init(init_fn, shardings), jax.random.PRNGKey(0))
+  assert jax.tree.structure(abstract) == jax.tree.structure(traced)
+  same = jax.tree.map(lambda a, t: (a.shape, a.dtype, a.sharding) == (t.shape, t.dtype, t.sharding), abstract, traced)
+  assert all(jax.tree.leaves(same))
+  assert (abstract.step.shape, abstract.step.dtype) == ((), jnp.int32)
