@@ -38,7 +38,7 @@ def _input_grads(model, variables, inputs, pick):
     enc, dec = model.apply({"params": variables["params"], "perturbations": perts}, *inputs)
     return pick(enc, dec)
 
-  g = jax.grad(f)(perts)
+  g = jax.jit(jax.grad(f))(perts)  # one compiled program, not one dispatch per operation of the model
   norm = lambda x: np.asarray(jnp.sqrt(jnp.sum(jnp.square(x), axis=-1)))[0]
   return norm(g["encoder_inputs"]), norm(g["decoder_inputs"])
 
@@ -47,7 +47,7 @@ def _input_grads(model, variables, inputs, pick):
 def tiny_model():
   cfg, model = _model()
   inputs = _inputs()
-  return model, model.init(jax.random.PRNGKey(0), *inputs), inputs
+  return model, jax.jit(model.init)(jax.random.PRNGKey(0), *inputs), inputs
 
 
 def test_canvas_token_depends_on_every_canvas_token_and_the_context(tiny_model):
@@ -70,7 +70,7 @@ def test_sliding_layers_ignore_context_beyond_the_window():
   # One layer: with more, encoder states in the window carry information from older context.
   cfg, model = _model(num_layers=1, layer_types=("sliding",), sliding_window=window)
   inputs = _inputs()
-  variables = model.init(jax.random.PRNGKey(0), *inputs)
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), *inputs)
   g_ctx, g_canvas = _input_grads(model, variables, inputs, lambda enc, dec: dec[0, 0].sum())
   # Decoder sliding layers see the last window - 1 context slots (HF's dynamic sliding cache), the
   # same for every canvas query; nothing older.
