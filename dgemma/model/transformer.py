@@ -566,7 +566,7 @@ def boxed_param_shapes(cfg: ModelConfig) -> Any:
   checkpoint's restore target, parameter counts), so each process traces an architecture once
   (`_traced_param_shapes`); every call returns a tree of its own, which the caller may change."""
   traced = _traced_param_shapes(cfg, bool(jax.config.jax_enable_x64))
-  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), traced)
+  return jax.tree.map(lambda s: s, traced)  # new containers and boxes; the ShapeDtypeStruct leaves are immutable
 
 
 @functools.lru_cache(maxsize=16)

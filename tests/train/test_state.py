@@ -1,5 +1,6 @@
 """dgemma/train/state.py: the abstract train state is what its init_fn makes, without a second trace of the model."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from configs import tiny_test
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
+from dgemma.model.sharding import place
 from dgemma.train import optimizer as optimizer_lib
 from dgemma.train import state as state_lib
 
@@ -23,12 +25,23 @@ def test_abstract_state_equals_the_shapes_init_fn_makes(optimizer_name, finetune
   if finetune_mode == "lora":
     config.finetune.lora_rank = 2
   settings = settings_lib.from_config(config)
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  # An abstract mesh with every axis of size 2 (nothing runs on it): on the 1-device mesh of a test process every
+  # spec would fit to replicated, and the comparison below could not see a lost logical axis name.
+  names = mesh_lib.make_mesh(settings.mesh.shape).axis_names
+  mesh = jax.sharding.AbstractMesh((2,) * len(names), names)
   optimizer = optimizer_lib.make_optimizer(settings.opt, 10, settings.finetune, settings.model)
   init_fn, abstract, shardings = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules,
                                                                 optimizer)
-  # The reference: trace init_fn itself (the model's init and the optimizer's), as a fresh state is made.
-  traced = jax.eval_shape(state_lib.jit_init(init_fn, shardings), jax.random.PRNGKey(0))
+  # The reference: trace init_fn itself (the model's init and the optimizer's), drop the boxes optax.masked leaves
+  # around nothing, and place the logical axis names on the mesh, as the function did before it read the cached
+  # parameter shapes (so the shardings below come from init_fn's own boxes, not from `abstract`).
+  boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+  boxed = jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) and not jax.tree.leaves(x.value) else x,
+                       boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  traced, traced_shardings = place(boxed, mesh, settings.mesh.axis_rules)
+  assert jax.tree.structure(shardings) == jax.tree.structure(traced_shardings)
+  assert all(jax.tree.leaves(jax.tree.map(lambda a, b: a == b, shardings, traced_shardings)))
+  assert any(s.spec != jax.sharding.PartitionSpec() for s in jax.tree.leaves(shardings.opt_state))  # split ones
   assert jax.tree.structure(abstract) == jax.tree.structure(traced)
   same = jax.tree.map(lambda a, t: (a.shape, a.dtype, a.sharding) == (t.shape, t.dtype, t.sharding), abstract, traced)
   assert all(jax.tree.leaves(same))
