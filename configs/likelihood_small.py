@@ -18,11 +18,12 @@ On the Markov source above it reaches 1.26 times the true bits per byte after 1,
 2-core Intel host; a second seed also 1.26, and the model sizes, learning rates, decay, time windows, batch, weight
 decay, Duo's curriculum, an 8-token attention window, 8 heads and 2 experts tried around it 1.26-1.27: point 13;
 Canon layers and a gated combiner of the two streams, 1.26: point 18; the source's exact posteriors as targets,
-1.22: point 19); with AdamW and uniform times (the recipe until 2026-12-05) 1.37-1.38, and 1.29 after three times
-the steps. The same model trained as an AR model (--config.diffusion.objective=ar, AdamW) reaches 1.024 in 1,000
-steps: the 10% target of issue #18 is not met. The canvas length sets how far from AR the model is (point 17): 8-32
-tokens give the same 1.26; two-token canvases (a block-diffusion model two tokens from AR) reach 1.08 in the same
-minutes, and one-token canvases are the AR model.
+1.22: point 19; a GRU along each stream, 1.28 in the same minutes: point 20); with AdamW and uniform times (the
+recipe until 2026-12-05) 1.37-1.38, and 1.29 after three times the steps. The same model trained as an AR model
+(--config.diffusion.objective=ar, AdamW) reaches 1.024 in 1,000 steps: the 10% target of issue #18 is not met.
+The canvas length sets how far from AR the model is (point 17): 8-32 tokens give the same 1.26; two-token canvases
+(a block-diffusion model two tokens from AR) reach 1.08 in the same minutes, and one-token canvases are the AR
+model.
   # the previous recipe (AdamW, uniform t):
   python train.py --config=configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_adamw \\
       --config.opt.optimizer=adamw --config.diffusion.t_mixture="()"
