@@ -41,6 +41,13 @@ def copy_params(params: Any, shardings: Any) -> Any:
   return jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings)(params)
 
 
+def drop_empty_boxes(boxed_tree):
+  """`boxed_tree` without the logical-axis boxes that hold no array: optax.masked (frozen leaves) leaves boxes
+  around empty MaskedNodes."""
+  return jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) and not jax.tree.leaves(x.value) else x,
+                      boxed_tree, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
 def abstract_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer) -> tuple[Callable, Any, Any]:
   """Returns (init_fn(rng) -> boxed TrainState, abstract unboxed state, state shardings), allocating nothing."""
   model = Transformer(model_cfg)
@@ -57,9 +64,7 @@ def abstract_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimiz
   params = boxed_param_shapes(model_cfg)
   boxed = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
                      opt_state=jax.eval_shape(optimizer.init, params))
-  # optax.masked (frozen leaves) leaves boxes around empty MaskedNodes: they hold no array, drop the box.
-  boxed = jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) and not jax.tree.leaves(x.value) else x,
-                       boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  boxed = drop_empty_boxes(boxed)
   abstract, shardings = place(boxed, mesh, axis_rules)
   return init_fn, abstract, shardings
 

@@ -1,6 +1,5 @@
 """dgemma/train/state.py: the abstract train state is what its init_fn makes, without a second trace of the model."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
@@ -35,9 +34,7 @@ def test_abstract_state_equals_the_shapes_init_fn_makes(optimizer_name, finetune
   # The reference: trace init_fn itself (the model's init and the optimizer's), drop the boxes optax.masked leaves
   # around nothing, and place the logical axis names on the mesh, as the function did before it read the cached
   # parameter shapes (so the shardings below come from init_fn's own boxes, not from `abstract`).
-  boxed = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
-  boxed = jax.tree.map(lambda x: x.value if isinstance(x, nn.Partitioned) and not jax.tree.leaves(x.value) else x,
-                       boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  boxed = state_lib.drop_empty_boxes(jax.eval_shape(init_fn, jax.random.PRNGKey(0)))
   traced, traced_shardings = place(boxed, mesh, settings.mesh.axis_rules)
   assert jax.tree.structure(shardings) == jax.tree.structure(traced_shardings)
   assert all(jax.tree.leaves(jax.tree.map(lambda a, b: a == b, shardings, traced_shardings)))
