@@ -31,6 +31,12 @@ _CONTEXT = flags.DEFINE_integer("context", 96, "Cache slots (the clean row befor
 _HEADS, _KV_HEADS, _HEAD_DIM = 4, 2, 32  # configs/likelihood_small.py's sliding layers
 
 
+def all_keys_attend(q_BTNH, k_cache, v_cache, k_canvas, v_canvas, mask_BTS, dtype):
+  """What training runs today: `attention.attend` over [cache; every canvas key], `mask_BTS` over both."""
+  return attention.attend(q_BTNH, jnp.concatenate([k_cache, k_canvas], 1), jnp.concatenate([v_cache, v_canvas], 1),
+                          mask_BTS, dtype)
+
+
 def per_canvas_attend(q_BTNH, k_cache, v_cache, k_canvas, v_canvas, mask_cache_BTS, mask_own_BTC, num_canvases):
   """`attention.attend` of the canvas queries over [cache; their own canvas's keys] (the other canvases' keys are
   masked out in the full layout, so they are skipped here); one softmax over both key sets."""
@@ -72,8 +78,7 @@ def main(argv):
   mask_cache, mask_own = jnp.asarray(mask_cache), jnp.asarray(mask_own)
 
   def full(*a):
-    qq, kc, vc, kn, vn = a
-    return attention.attend(qq, jnp.concatenate([kc, kn], 1), jnp.concatenate([vc, vn], 1), mask_full, jnp.float32)
+    return all_keys_attend(*a, mask_full, jnp.float32)
 
   def own(*a):
     return per_canvas_attend(*a, mask_cache, mask_own, K)

@@ -1,5 +1,5 @@
 """bench/attention_layout.py: the per-canvas attention it times is `attention.attend` over [cache; every canvas's
-keys] with the other canvases' keys masked out, in value and in gradient.
+keys] (`all_keys_attend`) with the other canvases' keys masked out, in value and in gradient.
 
 In float64 both sides differ only by summation order (~1e-15 here), so atol 1e-10 holds on any CPU; a query
 reading another canvas's keys, or a softmax normalised over one key set only, moves outputs by O(0.1)."""
@@ -14,7 +14,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import attention_layout  # noqa: E402
-from dgemma.model import attention  # noqa: E402
 from tests.model_utils import float64  # noqa: E402
 
 
@@ -34,8 +33,8 @@ def test_per_canvas_attend_is_attend_with_the_other_canvases_masked():
     args = (q, k_cache, v_cache, k_canvas, v_canvas)
 
     def full(*a):
-      return attention.attend(a[0], jnp.concatenate([a[1], a[3]], 1), jnp.concatenate([a[2], a[4]], 1),
-                              jnp.asarray(np.concatenate([mask_cache, mask_canvas], -1)), jnp.float64)
+      return attention_layout.all_keys_attend(*a, jnp.asarray(np.concatenate([mask_cache, mask_canvas], -1)),
+                                              jnp.float64)
 
     def own(*a):
       return attention_layout.per_canvas_attend(*a, jnp.asarray(mask_cache), jnp.asarray(mask_own), K)
