@@ -7,26 +7,18 @@ with the diffusion objective, keeping the encoder's next-token loss so causal mo
   python train.py --config=configs/adapt_from_gemma4.py:/ckpts/gemma4_dgemma --workdir=workdirs/adapt \
       --config.data.source=files --config.data.files="('corpus.jsonl',)" --config.opt.lr=5e-5
 
-The model group is read from the checkpoint's model_config.json, so it always matches; the
-tokenizer is the checkpoint's `tokenizer.model` when present (copy Gemma's there), else set
---config.data.tokenizer.path.
+The config argument may name any checkpoint dgemma.load takes (the HF directory itself works too). The model
+group is read from it (configs/models/from_checkpoint.py), so it always matches; the tokenizer is the one beside
+the weights (tokenizer.model, else tokenizer.json; copy Gemma's there), else set --config.data.tokenizer.path.
 """
 
-import json
-import os
-
 from configs import base
+from configs.models import from_checkpoint
 
 
 def get_config(checkpoint: str = ""):
   config = base.get_config()
-  if checkpoint:
-    with open(os.path.join(checkpoint, "model_config.json")) as f:
-      config.model.update(json.load(f))
-    config.model.preset = "imported"
-    config.train.init_from = checkpoint
-  config.data.tokenizer.kind = "file"
-  config.data.tokenizer.path = os.path.join(checkpoint, "tokenizer.model") if checkpoint else ""
+  config.data.tokenizer.kind = "file"  # the checkpoint's (from_checkpoint.apply, below)
   config.data.seq_len = 1024
   config.data.batch_size = 8
   config.diffusion.canvas_len = 256
@@ -42,4 +34,4 @@ def get_config(checkpoint: str = ""):
   config.train.num_steps = 2000
   config.train.eval_every = 500
   config.train.ckpt_every = 500
-  return config
+  return from_checkpoint.apply(config, checkpoint) if checkpoint else config

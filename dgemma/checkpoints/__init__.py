@@ -8,7 +8,10 @@
                           hf.py reads it directly, streaming and casting tensor by tensor)
   load(path, step=, mesh=, axis_rules=, dtype=) -> Checkpoint   the params only (never a run's optimizer
                           state), placed on `mesh`, checked finite, with the tokenizer file that belongs
-                          to them and, for a run, its config.json
+                          to them and, for a run (or a run's adapter), its config.json
+  load_as(path, model, ...) -> Checkpoint   the params of any kind laid out as the tree of another
+                          architecture's run: the other layer layout, the checkpoint's LoRA adapters kept or
+                          folded into their weights, the run's new adapters made fresh (`train.init_from`)
   layout.relayout(tree, saved, new)   a params (or optimizer state) tree between the stacked
                           (model.scan_layers) and the unrolled layer layout (layout.py)
 """
@@ -16,20 +19,24 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any, Optional
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from configs.mesh import AXIS_RULES
+from dgemma import finetune as finetune_lib
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
-from dgemma.checkpoints import adapter, hf, params, workdir
-from dgemma.errors import CheckpointError
+from dgemma.checkpoints import adapter, hf, layout, params, workdir
+from dgemma.errors import CheckpointError, ConfigError
 from dgemma.model import ModelConfig, abstract_params
+from dgemma.model import lora as lora_lib
 from dgemma.model.lora import LoraConfig
 
 KINDS = ("workdir", "params", "adapter", "hf")
@@ -83,33 +90,45 @@ def _finite_leaves(tree: Any) -> Any:
 
 
 def header(path: str | os.PathLike, field: str = "path") -> Checkpoint:
-  """What a checkpoint holds, without reading its weights (params=None): the architecture, the tokenizer
-  file, a run's config.json (and latest step), an HF config. Errors name `field`."""
+  """What a checkpoint holds, without reading its weights (params=None): the architecture (with a run's LoRA
+  layout), the tokenizer file, a run's config.json (and latest step), an HF config. Errors name `field`."""
   k = kind(path, field)
   if k == "workdir":
     config_json = workdir.read_config_json(path)
-    run = settings_lib.from_json(config_json)
     available = workdir.steps(path)
     tok = Path(path) / workdir.TOKENIZER_FILE
-    return Checkpoint(str(path), k, ModelConfig.from_config_dict(run.model), None,
+    return Checkpoint(str(path), k, _run_model(config_json, Path(path) / workdir.CONFIG_FILE), None,
                       step=available[-1] if available else None, config_json=config_json,
                       tokenizer_file=tok if tok.is_file() else None)
   if k == "params":
     _, cfg_dict = params.read_header(path)
     return Checkpoint(str(path), k, ModelConfig.from_config_dict(cfg_dict), None,
-                      tokenizer_file=params.tokenizer_file(path), hf_config=params.read_extra_json(path, hf.HF_CONFIG))
+                      config_json=adapter.read_run_config(path), tokenizer_file=params.tokenizer_file(path),
+                      hf_config=params.read_extra_json(path, hf.HF_CONFIG))
   if k == "adapter":
     meta = params.read_extra_json(path, adapter.ADAPTER_CONFIG)
-    base = header(str(meta.get("base") or "")) if meta.get("base") else None
-    if base is None:
+    if not meta.get("base"):
       raise CheckpointError(f"{path}/{adapter.ADAPTER_CONFIG}: names no base checkpoint ('base'), so the adapter "
                             "cannot be loaded on its own")
+    base = header(adapter.base_path(path, meta), f"{path}/{adapter.ADAPTER_CONFIG} 'base'")
     lora = LoraConfig(**{k_: tuple(v) if isinstance(v, list) else v for k_, v in meta["lora"].items()})
-    return Checkpoint(str(path), k, dataclasses.replace(base.model, lora=lora), None,
+    step, run_json = meta.get("step"), adapter.read_run_config(path)
+    # The run's own model settings (dtypes, compute choices) when the adapter kept its config, else the base's.
+    model = _run_model(run_json, Path(path) / adapter.RUN_CONFIG) if run_json is not None else base.model
+    return Checkpoint(str(path), k, dataclasses.replace(model, lora=lora), None,
+                      step=int(step) if step is not None else None, config_json=run_json,
                       tokenizer_file=base.tokenizer_file, hf_config=base.hf_config)
   config_json = hf.read_config(path)
-  return Checkpoint(str(path), k, hf.model_config_from_hf(config_json), None, tokenizer_file=params.tokenizer_file(path),
-                    hf_config=config_json)
+  run = config_json.get(hf.RUN_CONFIG_KEY)  # the settings of the run an export came from
+  return Checkpoint(str(path), k, hf.model_config_from_hf(config_json), None,
+                    config_json=json.dumps(run) if isinstance(run, dict) else None,
+                    tokenizer_file=params.tokenizer_file(path), hf_config=config_json)
+
+
+def _run_model(config_json: str, source: Path) -> ModelConfig:
+  """The architecture of a run's config.json text, with its LoRA layout (config.finetune)."""
+  run = settings_lib.from_json(config_json, source=source)
+  return dataclasses.replace(ModelConfig.from_config_dict(run.model), lora=finetune_lib.lora_config(run.finetune))
 
 
 def _check_finite(tree: Any, where: str) -> None:
@@ -127,12 +146,17 @@ def _with_dtype(model: ModelConfig, dtype: Optional[str]) -> ModelConfig:
   return model if dtype is None else dataclasses.replace(model, dtype=dtype, param_dtype=dtype)
 
 
+def _put(x: Any, target: jax.ShapeDtypeStruct) -> jax.Array:
+  """One leaf (host or device array) in `target`'s dtype on its sharding."""
+  x = x if isinstance(x, jax.Array) else np.asarray(x)
+  return jax.device_put(x.astype(target.dtype), target.sharding)
+
+
 def _place(tree: Any, model: ModelConfig, mesh, axis_rules) -> Any:
-  """Host arrays -> device arrays in model.param_dtype on `mesh` (by logical axis names)."""
+  """Host (or device) arrays -> device arrays in model.param_dtype on `mesh` (by logical axis names)."""
   abstract = abstract_params(model, mesh, axis_rules)
   flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(tree)}
-  return jax.tree_util.tree_map_with_path(
-      lambda p, s: jax.device_put(np.asarray(flat[jax.tree_util.keystr(p)]).astype(s.dtype), s.sharding), abstract)
+  return jax.tree_util.tree_map_with_path(lambda p, s: _put(flat[jax.tree_util.keystr(p)], s), abstract)
 
 
 def _default_mesh(mesh, axis_rules):
@@ -147,7 +171,7 @@ def load_workdir(path: str | os.PathLike, *, step: Optional[int] = None, mesh=No
 
   config_json: the run config to read the architecture from (default: the workdir's config.json)."""
   config_json = config_json if config_json is not None else workdir.read_config_json(path)
-  run = settings_lib.from_config(settings_lib.from_json(config_json))
+  run = settings_lib.from_config(settings_lib.from_json(config_json, source=Path(path) / workdir.CONFIG_FILE))
   mesh, axis_rules = _default_mesh(mesh, axis_rules if axis_rules is not None else run.mesh.axis_rules)
   available = workdir.steps(path)
   if not available:
@@ -197,27 +221,106 @@ def load_hf_dir(path: str | os.PathLike, *, mesh=None, axis_rules=None, dtype: O
 
 
 def load_adapter_dir(path: str | os.PathLike, *, mesh=None, axis_rules=None, dtype: Optional[str] = None) -> Checkpoint:
-  """An adapter on top of its base (adapter_config.json's `base`: a params checkpoint)."""
+  """An adapter on top of its base (adapter_config.json's `base`: any checkpoint kind, laid out as the adapter's
+  model, `load_as`)."""
   described = header(path)
   leaves, _, meta = adapter.load_adapter(path)
-  base = load_params_dir(str(meta["base"]), dtype=dtype, place=False)
   model = _with_dtype(described.model, dtype)
-  merged = _merge_trees(base.params, leaves)
   mesh, axis_rules = _default_mesh(mesh, axis_rules)
-  return dataclasses.replace(described, model=model, params=_place(merged, model, mesh, axis_rules))
+  base = load_as(adapter.base_path(path, meta), model, mesh=mesh, axis_rules=axis_rules,
+                 field=f"{path}/{adapter.ADAPTER_CONFIG} 'base'", override=leaves)
+  return dataclasses.replace(described, model=model, params=base.params)
 
 
-def _merge_trees(base: dict, extra: dict) -> dict:
-  out = dict(base)
-  for k, v in extra.items():
-    out[k] = _merge_trees(out.get(k, {}), v) if isinstance(v, dict) else v
-  return out
+def _flat(tree: Any) -> dict[tuple[str, ...], Any]:
+  """A nested params dict as {(key, ...): leaf} (flax.traverse_util)."""
+  return flax.traverse_util.flatten_dict(tree)
+
+
+def _name(key: tuple[str, ...]) -> str:
+  return "/".join(key)
+
+
+def adapter_transfer(source: Optional[LoraConfig], target: Optional[LoraConfig], path, field: str) -> str:
+  """How the LoRA adapters of a checkpoint (its layout `source`) become those of a model laid out as `target`:
+  'none' (the checkpoint has none), 'keep' (the same layout: they go on training), 'merge' (mode-'lora'
+  adapters folded into their weights, W + (alpha / rank) A B, so the new model starts at the checkpoint's).
+  Decoder-only adapters (finetune.mode='head_only') act in decoder mode only while the encoder shares the
+  weights, so folding them in would change the encoder: refused, naming `field`."""
+  if source is None:
+    return "none"
+  if source == target:
+    return "keep"
+  if source.decoder_only:
+    raise ConfigError(
+        f"{field}: {path} was fine-tuned head_only (rank {source.rank}, targets {','.join(source.targets)}): its "
+        "decoder-only adapters cannot be folded into the weights the encoder shares. Continue it with the same "
+        "finetune.mode / lora_rank / lora_alpha / lora_targets / freeze_router, or start from its base checkpoint")
+  return "merge"
+
+
+def check_loadable_as(described: Checkpoint, model: ModelConfig, field: str) -> str:
+  """Whether the checkpoint `described` (its header is enough) can be read as `model`'s tree (`load_as`): its
+  architecture equals `model`'s up to the layer layout, and its adapters can be kept or folded in. Returns
+  `adapter_transfer`'s answer; errors name `field`."""
+  diffs = layout.differences_but_layout(described.model, model)
+  if diffs:
+    raise ConfigError(f"{field}: the architecture differs from the checkpoint {described.path} (checkpoint -> "
+                      f"this run): {'; '.join(diffs)}")
+  return adapter_transfer(described.model.lora, model.lora, described.path, field)
+
+
+def _merge_adapters(flat: dict, scale: float) -> dict:
+  """A flat params dict with its LoRA factors folded into their weights (lora.merge, on the host) and dropped."""
+  host = {k: np.asarray(v) for k, v in flat.items()}
+  base = {k: v for k, v in host.items() if not lora_lib.is_adapter(k[-1])}
+  factors = {k: v for k, v in host.items() if lora_lib.is_adapter(k[-1])}
+  unflatten = flax.traverse_util.unflatten_dict
+  return _flat(lora_lib.merge(unflatten(base), unflatten(factors), scale))
+
+
+def load_as(path: str | os.PathLike, model: ModelConfig, *, mesh=None, axis_rules=None, field: str = "path",
+            override: Any = None, fresh=None) -> Checkpoint:
+  """The params of any checkpoint kind (a run's latest step) as the parameter tree of `model`, on `mesh` in
+  model.param_dtype: what `train.init_from` and an adapter's base are read with.
+
+  The checkpoint's architecture must equal `model`'s up to the layer layout (model.scan_layers: relaid,
+  layout.py) and the LoRA layout: its adapters are kept or folded in (`adapter_transfer`). `override`: a nested
+  dict of leaves that replace or complete the checkpoint's (an adapter's trained leaves). `fresh(keys)`: values
+  for the adapters `model` has and the checkpoint lacks ({key tuple: array}; a fine-tuning run's new adapters,
+  B = 0); without it a missing tensor is an error naming it."""
+  mesh, axis_rules = _default_mesh(mesh, axis_rules)
+  source = load(path, mesh=mesh, axis_rules=axis_rules, dtype=model.param_dtype, field=field)
+  transfer = check_loadable_as(source, model, field)
+  flat = _flat(source.params)
+  if transfer == "merge":
+    flat = _merge_adapters(flat, source.model.lora.scale)
+  if source.model.block_period != model.block_period:
+    flat = _flat(layout.relayout(flax.traverse_util.unflatten_dict(flat), source.model, model))
+  if override is not None:
+    flat.update(_flat(override))
+  expected = abstract_params(model, mesh, axis_rules)
+  wanted = _flat(expected)
+  missing = [n for n in wanted if n not in flat]
+  new_adapters = [k for k in missing if lora_lib.is_adapter(k[-1])]
+  if fresh is not None and new_adapters:
+    flat.update(fresh(new_adapters))
+    missing = [n for n in missing if n not in new_adapters]
+  if missing:
+    more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+    raise CheckpointError(f"{field}: {path} has no tensor {', '.join(map(_name, missing[:3]))}{more}")
+  for key, target in wanted.items():
+    if tuple(flat[key].shape) != tuple(target.shape):
+      raise CheckpointError(f"{field}: {path}'s {_name(key)} has shape {tuple(flat[key].shape)}, expected "
+                            f"{tuple(target.shape)}")
+  placed = {key: _put(flat[key], target) for key, target in wanted.items()}
+  return dataclasses.replace(source, model=model, params=flax.traverse_util.unflatten_dict(placed))
 
 
 def load(path: str | os.PathLike, *, step: Optional[int] = None, mesh=None, axis_rules=None,
-         dtype: Optional[str] = None) -> Checkpoint:
-  """Loads the params of any checkpoint kind (module docstring); `step` is for runs only."""
-  k = kind(path)
+         dtype: Optional[str] = None, field: str = "path") -> Checkpoint:
+  """Loads the params of any checkpoint kind (module docstring); `step` is for runs only. Errors name `field`."""
+  k = kind(path, field)
   if step is not None and step >= 0 and k != "workdir":
     raise CheckpointError(f"step: {path} is a {k} checkpoint, which has no training steps")
   if k == "workdir":
@@ -229,5 +332,7 @@ def load(path: str | os.PathLike, *, step: Optional[int] = None, mesh=None, axis
   return load_hf_dir(path, mesh=mesh, axis_rules=axis_rules, dtype=dtype)
 
 
-__all__ = ["KINDS", "Checkpoint", "kind", "header", "load", "load_workdir", "load_params_dir", "load_hf_dir", "load_adapter_dir",
+__all__ = ["KINDS", "Checkpoint", "kind", "header", "load", "load_as", "adapter_transfer", "check_loadable_as",
+           "load_workdir",
+           "load_params_dir", "load_hf_dir", "load_adapter_dir",
            "adapter", "hf", "params", "workdir"]

@@ -30,7 +30,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from dgemma.checkpoints import params as params_ckpt
+from dgemma import files
 from dgemma.errors import CheckpointError
 from dgemma.model.config import GLOBAL, SLIDING, ModelConfig
 
@@ -523,7 +523,7 @@ class _Reader:
     index, single = ckpt_dir / INDEX_FILE, ckpt_dir / SINGLE_FILE
     self.where: dict[str, str] = {}
     if index.exists():
-      weight_map = json.loads(index.read_text())["weight_map"]
+      weight_map = files.read_json(index)["weight_map"]
       self.where = dict(weight_map)
     elif single.exists():
       with _safe_open(single) as f:
@@ -562,7 +562,7 @@ def read_config(ckpt_dir: str | os.PathLike) -> dict:
   path = Path(ckpt_dir) / CONFIG_FILE
   if not path.exists():
     raise HFCheckpointError(f"{path}: not found")
-  return json.loads(path.read_text())
+  return files.read_json(path)
 
 
 def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
@@ -630,7 +630,7 @@ def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
                               f"model_type {mt!r}")
   finally:
     reader.close()
-  if skipped:
+  if skipped and not is_text_only(config_json):
     log.warning("%s: skipped %d vision/audio tensor(s) (dgemma is text-only)", ckpt_dir,
                 len(skipped))
   flat.update(_synthetic(cfg, mt, target))
@@ -674,17 +674,60 @@ def _multimodal_sources(src_dir: Path) -> Iterator[tuple[str, str]]:
       yield name, "model.encoder." + m.group(1)
 
 
+# transformers' DiffusionGemmaForBlockDiffusion always builds a vision tower (a default Gemma 4 one, 170M
+# parameters, when config.json has none). A text-only export therefore describes the smallest tower the class
+# accepts and writes its weights as zeros, so transformers loads the export with no newly initialised weights;
+# it is never run on text. tests/checkpoints/test_hf.py loads such an export in transformers.
+TEXT_ONLY_VISION = dict(hidden_size=4, intermediate_size=4, num_hidden_layers=1, num_attention_heads=1,
+                        num_key_value_heads=1, head_dim=4, position_embedding_size=1, patch_size=1,
+                        pooling_kernel_size=1, model_type="gemma4_vision")
+
+
+def is_text_only(config_json: Mapping[str, Any]) -> bool:
+  """Whether an HF config.json describes a text-only export's stub vision tower (`TEXT_ONLY_VISION`)."""
+  vision = config_json.get("vision_config") or {}
+  return all(vision.get(k) == v for k, v in TEXT_ONLY_VISION.items())
+
+
+def _vision_stub(d_model: int) -> dict[str, np.ndarray]:
+  """Zero weights of the `TEXT_ONLY_VISION` tower and its projection into the text model (transformers' names)."""
+  h, inner = TEXT_ONLY_VISION["hidden_size"], TEXT_ONLY_VISION["intermediate_size"]
+  head, patch = TEXT_ONLY_VISION["head_dim"], TEXT_ONLY_VISION["patch_size"]
+  tower, layer = "model.encoder.vision_tower.", "model.encoder.vision_tower.encoder.layers.0."
+  shapes = {tower + "patch_embedder.position_embedding_table": (2, TEXT_ONLY_VISION["position_embedding_size"], h),
+            tower + "patch_embedder.input_proj.weight": (h, 3 * patch * patch),
+            "model.encoder.embed_vision.embedding_projection.weight": (d_model, h)}
+  for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+    shapes[f"{layer}self_attn.{proj}.linear.weight"] = (h, h)
+  shapes[f"{layer}self_attn.q_norm.weight"] = shapes[f"{layer}self_attn.k_norm.weight"] = (head,)
+  for proj, shape in (("gate_proj", (inner, h)), ("up_proj", (inner, h)), ("down_proj", (h, inner))):
+    shapes[f"{layer}mlp.{proj}.linear.weight"] = shape
+  for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+    shapes[f"{layer}{norm}.weight"] = (h,)
+  return {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+
+
+GENERATION_CONFIG = "generation_config.json"
+RUN_CONFIG_KEY = "dgemma"  # config.json key of an export: the settings of the run it came from (dgemma.load reads it)
+
+
 def export_hf_checkpoint(cfg: ModelConfig, params: Mapping[str, Any], out_dir: str | os.PathLike,
                          *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                          base_config: Mapping[str, Any] | None = None,
                          multimodal_from: str | os.PathLike | None = None,
-                         dtype: str | None = None, overwrite: bool = False) -> None:
+                         dtype: str | None = None, overwrite: bool = False,
+                         extra_config: Mapping[str, Any] | None = None,
+                         generation_config: Mapping[str, Any] | None = None,
+                         extra_files: Mapping[str, str | os.PathLike] | None = None) -> None:
   """Writes `params` as a `DiffusionGemmaForBlockDiffusion` checkpoint (config.json + safetensors).
 
   Shards with an index when the tensors exceed `max_shard_bytes`. `base_config`: see
   `model_config_to_hf`. `multimodal_from`: an HF checkpoint dir whose vision tensors are copied
-  (e.g. the one the params came from), so the export is a complete multimodal checkpoint.
-  `dtype` casts on the way out (default: keep each leaf's dtype).
+  (e.g. the one the params came from), so the export is a complete multimodal checkpoint; without it the
+  export is text-only (`TEXT_ONLY_VISION`). `dtype` casts on the way out (default: keep each leaf's dtype).
+  `extra_config`: keys added to config.json (canvas_length, a run's settings); `generation_config`: written as
+  generation_config.json; `extra_files` {name: source}: copied in (the tokenizer). Every file gets the
+  permissions of the umask.
   """
   out_dir = Path(out_dir)
   for option in ("decoder_shift", "decoder_right_readout", "decoder_head_layers", "decoder_two_stream"):
@@ -695,11 +738,13 @@ def export_hf_checkpoint(cfg: ModelConfig, params: Mapping[str, Any], out_dir: s
     if not overwrite:
       raise HFCheckpointError(f"{out_dir}: exists and is not empty (use --overwrite to replace it)")
     for p in out_dir.iterdir():
-      if p.name == CONFIG_FILE or p.name.endswith(".safetensors") or p.name == INDEX_FILE:
+      if (p.name in (CONFIG_FILE, INDEX_FILE, GENERATION_CONFIG, *(extra_files or {}))
+          or p.name.endswith(".safetensors")):
         p.unlink()
   flat = _flatten(params)
   _check_tree(cfg, flat)
   config_json = model_config_to_hf(cfg, base_config)
+  config_json.update(extra_config or {})
   out_dtype = _np_dtype(dtype) if dtype else None
 
   def part(path: str, index: int | None) -> np.ndarray:
@@ -723,6 +768,10 @@ def export_hf_checkpoint(cfg: ModelConfig, params: Mapping[str, Any], out_dir: s
       items.append((name, nbytes, lambda s=src_name: src.get(s)))
   else:
     src = None
+    config_json["vision_config"] = dict(TEXT_ONLY_VISION)
+    stub = _vision_stub(cfg.d_model)
+    items.extend((name, arr.nbytes, lambda a=arr: a.astype(out_dtype) if out_dtype is not None else a)
+                 for name, arr in stub.items())
 
   shards: list[list[int]] = [[]]
   size = 0
@@ -754,6 +803,10 @@ def export_hf_checkpoint(cfg: ModelConfig, params: Mapping[str, Any], out_dir: s
     _write_json(out_dir / INDEX_FILE, index)
   dtypes = {str(np.dtype(x.dtype)) for x in flat.values()} if out_dtype is None else {str(out_dtype)}
   config_json["dtype"] = dtypes.pop() if len(dtypes) == 1 else "float32"
+  for name, source in (extra_files or {}).items():
+    files.copy_file_atomic(source, out_dir / name)
+  if generation_config is not None:
+    _write_json(out_dir / GENERATION_CONFIG, dict(generation_config))
   _write_json(out_dir / CONFIG_FILE, config_json)
 
 
@@ -768,46 +821,17 @@ _ST_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16":
 def _save_atomic(tensors: Mapping[str, np.ndarray], path: Path) -> None:
   tmp = path.with_name(f".{path.name}.tmp")
   save_file(dict(tensors), str(tmp), metadata={"format": "pt"})
+  os.chmod(tmp, files.umask_mode())  # safetensors creates its files 0600
   os.replace(tmp, path)
 
 
 def _write_json(path: Path, obj: Any) -> None:
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-  os.replace(tmp, path)
+  files.write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-# ---------------------------------------------------------------------------------------------
-# HF directory <-> dgemma params checkpoint (python -m dgemma.tools.convert)
-# ---------------------------------------------------------------------------------------------
-
-HF_CONFIG = "hf_config.json"  # the source config.json, kept in the params checkpoint for the export
+HF_CONFIG = "hf_config.json"  # the source config.json, kept in a params checkpoint converted from it
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
   p = Path(path)
   return (p / CONFIG_FILE).is_file() and ((p / SINGLE_FILE).is_file() or (p / INDEX_FILE).is_file())
-
-
-def import_hf(hf_dir: str | os.PathLike, ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
-              model_type: str | None = None, overwrite: bool = False) -> ModelConfig:
-  """An HF checkpoint directory -> a dgemma params checkpoint (with the source config.json as
-  hf_config.json and the tokenizer files, so the checkpoint is complete on its own)."""
-  cfg, params = load_hf_checkpoint(hf_dir, dtype=dtype, model_type=model_type)
-  tokenizer = params_ckpt.tokenizer_file(hf_dir)
-  params_ckpt.save_params(ckpt_dir, params, cfg.to_dict(), extra_json={HF_CONFIG: read_config(hf_dir)},
-                          extra_files={tokenizer.name: tokenizer} if tokenizer is not None else None,
-                          overwrite=overwrite)
-  return cfg
-
-
-def export_hf(ckpt_dir: str | os.PathLike, hf_dir: str | os.PathLike, *, hf_base: str | None = None,
-              max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False) -> ModelConfig:
-  """A dgemma params checkpoint -> an HF DiffusionGemma checkpoint directory (vision tensors and config
-  copied from `hf_base` when given)."""
-  params, cfg_dict = params_ckpt.load_params(ckpt_dir)
-  cfg = ModelConfig.from_config_dict(cfg_dict)
-  base = read_config(hf_base) if hf_base else params_ckpt.read_extra_json(ckpt_dir, HF_CONFIG)
-  export_hf_checkpoint(cfg, params, hf_dir, max_shard_bytes=max_shard_bytes, base_config=base,
-                       multimodal_from=hf_base, overwrite=overwrite)
-  return cfg

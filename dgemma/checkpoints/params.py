@@ -3,7 +3,8 @@
 Layout of CKPT_DIR:
   params/              Orbax StandardCheckpointer item (the nested params dict)
   model_config.json    ModelConfig.to_dict()
-  <extra>.json         optional extra JSON files (the converter keeps the source HF config.json)
+  <extra>.json         optional extra JSON files (the converter keeps the source HF config.json, and a run's
+                       config as run_config.json: `dgemma.load` samples with the run's settings)
   tokenizer.model / tokenizer.json   the tokenizer that belongs to the weights (the converter copies it
                        from the Hugging Face directory; `dgemma.load` finds it here)
 Written into a temporary sibling directory and renamed into place, so a reader never sees a
@@ -22,11 +23,13 @@ from typing import Any, Mapping
 import numpy as np
 import orbax.checkpoint as ocp
 
+from dgemma import files
 from dgemma.checkpoints.orbax_logs import quiet_orbax
 
 PARAMS = "params"
 MODEL_CONFIG = "model_config.json"
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")  # a SentencePiece model, else an HF tokenizers file
+RUN_CONFIG = "run_config.json"  # the settings of the run the weights come from (an adapter's, a converted run's)
 
 
 def is_params_dir(path: str | os.PathLike) -> bool:
@@ -80,7 +83,7 @@ def read_header(path: str | os.PathLike) -> tuple[Path, dict]:
   cfg_path = path / MODEL_CONFIG
   if not cfg_path.exists():
     raise FileNotFoundError(f"{cfg_path}: not found (not a dgemma params checkpoint?)")
-  return path, json.loads(cfg_path.read_text())
+  return path, files.read_json(cfg_path)
 
 
 def load_params(path: str | os.PathLike) -> tuple[Any, dict]:
@@ -98,7 +101,7 @@ def load_params(path: str | os.PathLike) -> tuple[Any, dict]:
 def read_extra_json(path: str | os.PathLike, name: str) -> Any | None:
   """An extra JSON file saved beside the params, or None when absent."""
   p = Path(path) / name
-  return json.loads(p.read_text()) if p.exists() else None
+  return files.read_json(p) if p.exists() else None
 
 
 def _to_numpy(tree: Any) -> Any:

@@ -1,13 +1,15 @@
-"""Convert between Hugging Face checkpoints and dgemma params checkpoints.
+"""Convert any checkpoint to a dgemma params checkpoint or a Hugging Face DiffusionGemma directory.
 
   python -m dgemma.tools.convert --from_hf HF_DIR --to CKPT_DIR [--dtype bfloat16]
-  python -m dgemma.tools.convert --from_ckpt CKPT_DIR --to_hf HF_DIR [--hf_base HF_DIR] [--max_shard_size 5GB]
+  python -m dgemma.tools.convert --from_ckpt workdirs/demo --to CKPT_DIR          # a run -> params
+  python -m dgemma.tools.convert --from_ckpt workdirs/demo --to_hf HF_DIR [--hf_base HF_DIR] [--max_shard_size 5GB]
 
-Import reads DiffusionGemmaForBlockDiffusion or Gemma 4 text checkpoints (dgemma/checkpoints/hf.py), keeps
-the source config.json as `hf_config.json` and copies the tokenizer (tokenizer.model, else tokenizer.json)
-into CKPT_DIR, so the checkpoint is complete on its own (`dgemma.load(CKPT_DIR)`, `sample.py --checkpoint`).
-The export restores token ids, the vision config and canvas length; `--hf_base` names an HF checkpoint whose
-vision tensors (and config) it copies, giving a complete multimodal DiffusionGemma checkpoint.
+--from_ckpt takes every kind `dgemma.load` takes: a training run (its latest step), a params checkpoint, an
+adapter (on its base) or an HF directory; --from_hf is the same flag for an HF directory. LoRA adapters are
+folded into their weights; head_only adapters cannot be and are refused. The output keeps the tokenizer and the
+run's settings (canvas length, sampler), so `dgemma.load(OUT)` samples as the run did; an HF export also writes
+them where transformers reads them (config.json canvas_length, generation_config.json) and is text-only unless
+--hf_base names an HF checkpoint whose vision tensors (and config) it copies (dgemma/checkpoints/convert.py).
 """
 
 from __future__ import annotations
@@ -16,19 +18,20 @@ import re
 
 from absl import app, flags, logging
 
-from dgemma.checkpoints import hf
+from dgemma.checkpoints import convert
 from dgemma.tools import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("from_hf", None, "HF checkpoint directory to import.")
-flags.DEFINE_string("to", None, "dgemma params checkpoint directory to write (with --from_hf).")
-flags.DEFINE_string("from_ckpt", None, "dgemma params checkpoint directory to export.")
-flags.DEFINE_string("to_hf", None, "HF checkpoint directory to write (with --from_ckpt).")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"],
-                  "Parameter dtype of the imported checkpoint.")
-flags.DEFINE_string("model_type", None, "Override config.json's model_type on import.")
-flags.DEFINE_string("hf_base", None, "Export: HF checkpoint to copy vision tensors and config from.")
-flags.DEFINE_string("max_shard_size", "5GB", "Export: largest safetensors shard (e.g. 500MB, 5GB).")
+flags.DEFINE_string("from_hf", None, "HF checkpoint directory to convert (the same as --from_ckpt).")
+flags.DEFINE_string("from_ckpt", None, "Checkpoint to convert: a training workdir, params checkpoint, adapter or "
+                    "HF directory.")
+flags.DEFINE_string("to", None, "dgemma params checkpoint directory to write.")
+flags.DEFINE_string("to_hf", None, "HF DiffusionGemma checkpoint directory to write.")
+flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
+                  "Parameter dtype of the output (default: float32 from an HF directory, else the source's).")
+flags.DEFINE_string("model_type", None, "Override an HF config.json's model_type when reading it.")
+flags.DEFINE_string("hf_base", None, "HF export: an HF checkpoint to copy vision tensors and config from.")
+flags.DEFINE_string("max_shard_size", "5GB", "HF export: largest safetensors shard (e.g. 500MB, 5GB).")
 flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.",
                   allow_override=True)  # dgemma.tools.merge_lora defines it too
 
@@ -46,16 +49,21 @@ def parse_size(text: str) -> int:
 
 def main(argv):
   cli.no_extra_args(argv)
-  if FLAGS.from_hf and FLAGS.to and not (FLAGS.from_ckpt or FLAGS.to_hf):
-    cfg = hf.import_hf(FLAGS.from_hf, FLAGS.to, dtype=FLAGS.dtype, model_type=FLAGS.model_type,
-                       overwrite=FLAGS.overwrite)
+  sources = [(f, v) for f, v in (("--from_hf", FLAGS.from_hf), ("--from_ckpt", FLAGS.from_ckpt)) if v]
+  targets = [t for t in (FLAGS.to, FLAGS.to_hf) if t]
+  if len(sources) != 1 or len(targets) != 1:
+    raise app.UsageError("use one source (--from_ckpt CKPT or --from_hf HF_DIR) and one output (--to CKPT_DIR "
+                         "or --to_hf HF_DIR)")
+  (field, src), = sources
+  max_shard_bytes = parse_size(FLAGS.max_shard_size)  # bad flags fail before any weight is read
+  if FLAGS.to:
+    cfg = convert.to_params(src, FLAGS.to, dtype=FLAGS.dtype, model_type=FLAGS.model_type, overwrite=FLAGS.overwrite,
+                            field=field)
     logging.info("wrote %s (%d layers, d_model %d)", FLAGS.to, cfg.num_layers, cfg.d_model)
-  elif FLAGS.from_ckpt and FLAGS.to_hf and not (FLAGS.from_hf or FLAGS.to):
-    hf.export_hf(FLAGS.from_ckpt, FLAGS.to_hf, hf_base=FLAGS.hf_base, max_shard_bytes=parse_size(FLAGS.max_shard_size),
-                 overwrite=FLAGS.overwrite)
-    logging.info("wrote %s", FLAGS.to_hf)
   else:
-    raise app.UsageError("use either --from_hf DIR --to CKPT_DIR or --from_ckpt CKPT_DIR --to_hf DIR")
+    convert.to_hf(src, FLAGS.to_hf, hf_base=FLAGS.hf_base, max_shard_bytes=max_shard_bytes, dtype=FLAGS.dtype,
+                  overwrite=FLAGS.overwrite, field=field)
+    logging.info("wrote %s", FLAGS.to_hf)
 
 
 if __name__ == "__main__":

@@ -4,26 +4,20 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Callable
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
-from dgemma import settings as settings_lib
-from dgemma.checkpoints import layout
-from dgemma.checkpoints import params as params_ckpt
-from dgemma.checkpoints import workdir as workdir_ckpt
+from dgemma import checkpoints
 from dgemma.diffusion import distill as distill_lib
-from dgemma.errors import CheckpointError, ConfigError
-from dgemma.model import ModelConfig, Transformer, param_shapes
+from dgemma.errors import CheckpointError
+from dgemma.model import ModelConfig, Transformer
 from dgemma.model.transformer import boxed_param_shapes
-from dgemma.model import lora
 from dgemma.model.sharding import place, unbox
 from dgemma.train import optimizer as optimizer_lib
 from dgemma.train.state_types import DistillState, TrainState
@@ -99,79 +93,38 @@ def create_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer
   return jit_init(init_fn, shardings)(rng), shardings
 
 
-def init_from_model_config(path: str) -> ModelConfig:
-  """The architecture that train.init_from's checkpoint was saved with (a training workdir with a finished
-  step, or a dgemma params checkpoint)."""
-  path = Path(path)
-  if workdir_ckpt.is_workdir(path):
-    if not workdir_ckpt.steps(path):
-      raise CheckpointError(f"train.init_from: the workdir {path} holds no finished checkpoint")
-    return ModelConfig.from_config_dict(settings_lib.from_json(workdir_ckpt.read_config_json(path)).model)
-  if (path / params_ckpt.MODEL_CONFIG).exists():
-    return ModelConfig.from_config_dict(json.loads((path / params_ckpt.MODEL_CONFIG).read_text()))
-  raise FileNotFoundError(f"train.init_from: {path} is neither a training workdir (config.json + checkpoints/) "
-                          f"nor a dgemma params checkpoint (no {params_ckpt.MODEL_CONFIG}; make one with "
-                          f"python -m dgemma.tools.convert --from_hf DIR --to {path})")
+INIT_FROM = "train.init_from"
 
 
 def check_init_from(path: str, model_cfg: ModelConfig) -> None:
-  """train.init_from names a dgemma params checkpoint, or a training workdir with a finished step, whose
-  architecture equals the run's up to the layer layout (model.scan_layers: the checkpoint's tensors are
-  relaid, dgemma/checkpoints/layout.py)."""
-  saved = init_from_model_config(path)
-  diffs = layout.differences_but_layout(saved, model_cfg)
-  if diffs:
-    raise ConfigError(f"train.init_from: the run's architecture differs from the checkpoint {path} "
-                      f"(checkpoint -> run): {'; '.join(diffs)}")
+  """train.init_from names a checkpoint of any kind (a training workdir with a finished step, a params checkpoint,
+  an adapter or a Hugging Face directory) whose architecture equals the run's up to the layer layout
+  (model.scan_layers: relaid) and whose LoRA adapters, if any, this run can keep or fold in
+  (checkpoints.adapter_transfer). Reads metadata only."""
+  saved = checkpoints.header(path, INIT_FROM)
+  if saved.kind == "workdir" and saved.step is None:
+    raise CheckpointError(f"{INIT_FROM}: the workdir {path} holds no finished checkpoint")
+  checkpoints.check_loadable_as(saved, model_cfg, INIT_FROM)
 
 
-def state_from_params_checkpoint(path: str, model_cfg: ModelConfig, optimizer, abstract_state, shardings,
-                                 init_fn=None, rng=None) -> TrainState:
-  """Step-0 state from converted / exported params (e.g. an imported Gemma 4 AR model, for AR ->
-  diffusion adaptation) or a training workdir's latest params, and a fresh optimizer state; params cast to
-  model.param_dtype.
+def state_from_checkpoint(path: str, model_cfg: ModelConfig, optimizer, shardings, axis_rules, init_fn=None,
+                          rng=None) -> TrainState:
+  """Step-0 state from any checkpoint kind (`check_init_from`; e.g. an imported Gemma 4 AR model for AR ->
+  diffusion adaptation, or another run's latest params) and a fresh optimizer state; params in
+  model.param_dtype on the run's shardings (checkpoints.load_as).
 
-  LoRA adapters (finetune.mode lora / head_only) that the checkpoint lacks start from `init_fn(rng)`
-  (B = 0: the run starts exactly at the checkpoint's model); every other tensor must be there."""
-  expected = abstract_state.params
-  saved_cfg = init_from_model_config(path)
-  relaid = saved_cfg.block_period != model_cfg.block_period  # the other model.scan_layers layout
-  if workdir_ckpt.is_workdir(path):  # a run's latest params, restored straight onto the shardings
-    step = workdir_ckpt.steps(path)[-1]
-    if relaid:  # restored replicated in the saved layout, relaid, then placed like the run's params
-      mesh = jax.tree.leaves(expected)[0].sharding.mesh
-      replicated = NamedSharding(mesh, PartitionSpec())
-      saved_abstract = jax.tree.map(
-          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-          param_shapes(saved_cfg))
-      params = layout.relayout(workdir_ckpt.restore_params(path, step, saved_abstract), saved_cfg, model_cfg)
-      params = jax.tree.map(lambda x, e: jax.device_put(x.astype(e.dtype), e.sharding), params, expected)
-    else:
-      params = workdir_ckpt.restore_params(path, step, expected)
-    opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
-  params_np, _ = params_ckpt.load_params(path)
-  if relaid:
-    params_np = layout.relayout(params_np, saved_cfg, model_cfg)
-  got_paths = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(params_np)}
-  fresh_names = set()
-  for p, leaf in jax.tree_util.tree_leaves_with_path(expected):
-    name = jax.tree_util.keystr(p)
-    if name not in got_paths and lora.is_adapter(str(p[-1].key)) and init_fn is not None:
-      fresh_names.add(name)
-      continue
-    if name not in got_paths:
-      raise ValueError(f"train.init_from: {path} has no tensor {name} (expected shape {leaf.shape})")
-    if tuple(got_paths[name].shape) != tuple(leaf.shape):
-      raise ValueError(f"train.init_from: {name} has shape {tuple(got_paths[name].shape)}, expected {leaf.shape}")
-  if fresh_names:
+  LoRA adapters (finetune.mode lora / head_only) that the checkpoint lacks start from `init_fn(rng)` (B = 0:
+  the run starts exactly at the checkpoint's model); a LoRA run's own adapters are kept when this run has the
+  same layout, else folded into their weights first; every other tensor must be there."""
+  mesh = jax.tree.leaves(shardings.params)[0].mesh
+
+  def fresh(keys):
     # Only the missing adapters are outputs, so XLA initialises nothing else.
-    pick = lambda tree: {n: v for n, v in ((jax.tree_util.keystr(p), v) for p, v in
-                                           jax.tree_util.tree_leaves_with_path(tree)) if n in fresh_names}
-    fresh = jax.jit(lambda r: pick(nn.unbox(init_fn(r)).params))(rng)
-    got_paths.update(jax.device_get(fresh))
-  params = jax.tree_util.tree_map_with_path(
-      lambda p, s: jax.device_put(np.asarray(got_paths[jax.tree_util.keystr(p)]).astype(s.dtype), s.sharding),
-      expected)
+    pick = lambda params: {k: v for k, v in flax.traverse_util.flatten_dict(params).items() if k in set(keys)}
+    return jax.device_get(jax.jit(lambda r: pick(nn.unbox(init_fn(r)).params))(rng))
+
+  loaded = checkpoints.load_as(path, model_cfg, mesh=mesh, axis_rules=axis_rules, field=INIT_FROM,
+                               fresh=fresh if init_fn is not None else None)
+  params = jax.device_put(loaded.params, shardings.params)
   opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)

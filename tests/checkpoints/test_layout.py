@@ -88,7 +88,7 @@ def test_init_from_a_stacked_run_starts_an_unrolled_one_at_its_params(tiny_run):
   optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
   init_fn, abstract, shardings = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules,
                                                                 optimizer)
-  state = state_lib.state_from_params_checkpoint(str(workdir), settings.model, optimizer, abstract, shardings)
+  state = state_lib.state_from_checkpoint(str(workdir), settings.model, optimizer, shardings, settings.mesh.axis_rules)
   _, saved_abstract, _ = state_lib.abstract_train_state(saved, mesh, settings.mesh.axis_rules, optimizer)
   step = workdir_ckpt.steps(workdir)[-1]
   saved_params = _host(workdir_ckpt.restore_params(workdir, step, saved_abstract.params))

@@ -85,3 +85,38 @@ def test_unknown_step_names_the_steps_there(run):
     checkpoints.load(wd, step=7)
   with pytest.raises(CheckpointError, match="has no training steps"):
     checkpoints.load(save_random_hf(ModelConfig.from_config_dict(tiny.get_config()), wd.parent / "hf_for_step"), step=3)
+
+
+def test_an_adapter_loads_with_its_runs_settings_and_step(run, tmp_path):
+  # dgemma.load(W/adapter) = dgemma.load(W): the run's dtype, data format and sampler, its step, the same text
+  import copy
+  import dgemma
+  from dgemma import finetune
+  from tests.model_utils import random_params
+  wd, config = run
+  config = copy.deepcopy(config)
+  config.finetune.mode = "lora"
+  config.model.update(dtype="bfloat16", param_dtype="bfloat16")  # not what the base's model_config.json says
+  config.data.format = "sft"
+  config.sample.sampler = "ancestral"
+  config.train.init_from = str(wd)
+  settings = settings_lib.from_config(config)
+  params = jax.device_get(random_params(settings.model, 5))
+  adapter.save_adapter(tmp_path / "adapter", params, settings.model, settings.finetune, base=str(wd), step=30,
+                       run_config_json=settings.config_json)
+  model = dgemma.load(str(tmp_path / "adapter"))
+  assert model.step == 30 and "step=30" in repr(model)
+  assert model.settings.model.param_dtype == "bfloat16" and model.settings.data.format == "sft"
+  assert model.settings.sample.sampler.sampler == "ancestral"
+  assert jax.tree.leaves(model.params)[0].dtype == jax.numpy.bfloat16
+  trained = flax_flat(finetune.trained_leaves(params, settings.finetune))
+  loaded = flax_flat(jax.device_get(model.params))
+  base = flax_flat(jax.device_get(checkpoints.load(wd).params))
+  for key, value in loaded.items():
+    want = trained.get(key, base.get(key))
+    np.testing.assert_array_equal(value, np.asarray(want).astype(value.dtype), err_msg="/".join(key))
+
+
+def flax_flat(tree):
+  import flax
+  return flax.traverse_util.flatten_dict(tree)
