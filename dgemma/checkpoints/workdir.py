@@ -8,6 +8,9 @@ tokenizer, metrics and TensorBoard events.
                                    iterator state as JSON; in a multi-process run {"per_process": [...]})
   WORKDIR/corrupt/<step>-<time>/   a checkpoint that could not be read, moved aside (never deleted)
   WORKDIR/metrics.jsonl, tensorboard/, adapter/ (fine-tuning), samples.txt
+  WORKDIR/.lock                    held (flock) by the training process writing the workdir; it names that
+                                   process. The kernel releases it when the process ends, however it ends, so
+                                   a lock file left by a killed run is stale and the next run takes it over
 
 Orbax writes each step into a temporary directory and renames it when complete, so an interrupted save
 never replaces a good checkpoint; keep-N rotation runs only after a newer step is complete, and the loop
@@ -16,13 +19,18 @@ never saves a non-finite state, so the last good checkpoint is never rotated awa
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
 import shutil
+import socket
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -40,6 +48,7 @@ CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.model"
 CHECKPOINTS = "checkpoints"
 CORRUPT = "corrupt"
+LOCK_FILE = ".lock"
 
 
 def checkpoint_dir(workdir: str | os.PathLike) -> Path:
@@ -55,11 +64,46 @@ def read_config_json(workdir: str | os.PathLike) -> str:
   path = Path(workdir) / CONFIG_FILE
   if not path.is_file():
     raise FileNotFoundError(f"{path}: not found: is {workdir} a dgemma training workdir?")
-  return path.read_text()
+  text = path.read_text(encoding="utf-8")
+  files.parse_json(text, path)  # a damaged config.json is named here, not deep inside a caller
+  return text
 
 
 def write_config_json(workdir: str | os.PathLike, text: str) -> None:
   files.write_text_atomic(Path(workdir) / CONFIG_FILE, text)
+
+
+@contextlib.contextmanager
+def locked(workdir: str | os.PathLike) -> Iterator[None]:
+  """Holds WORKDIR/.lock while a run writes the workdir (module docstring). A second run on the same workdir
+  fails at once, naming the process that holds it; a lock file whose process has ended is taken over. On a
+  filesystem without flock support the run goes on unlocked, with a warning."""
+  path = Path(workdir) / LOCK_FILE
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        logging.warning("%s: cannot lock the workdir on this filesystem (%s); make sure no other run writes it", path, e)
+        yield
+        return
+      holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+      raise CheckpointError(f"--workdir: {workdir} is in use by {holder}; wait for that run to end or stop it, "
+                            "or use another --workdir") from None
+    stale = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    if stale:
+      logging.warning("%s: taking over the lock of %s, which has ended", path, stale)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (f"process {os.getpid()} on {socket.gethostname()} (started {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                   f"{' '.join(sys.argv)[:200]})\n").encode(), 0)
+    try:
+      yield
+    finally:
+      os.ftruncate(fd, 0)
+  finally:
+    os.close(fd)  # releases the flock
 
 
 def make_manager(workdir: str | os.PathLike, *, keep: int = 3, async_save: bool = True,

@@ -19,11 +19,15 @@ Safety, in order (docs/reliability.md):
      (train.nonfinite='halt'), or that update is dropped and counted (train.nonfinite='skip', halting after
      train.max_nonfinite_skips in a row). A non-finite state is never saved, so keep-N rotation never
      removes the last good checkpoint.
+  6. One run at a time writes a workdir: process 0 holds WORKDIR/.lock (checkpoints.workdir.locked), so a
+     second train.py on it fails at once, naming the first; a lock left by a killed run is taken over. A new
+     workdir that fails before its first checkpoint is saved (a bad train.init_from, an interrupt) is removed.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import math
 import shutil
@@ -207,6 +211,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   invocation, saving a checkpoint; the schedule still follows config.train.num_steps.
   """
   quiet_orbax()
+  if Path(workdir).exists() and not Path(workdir).is_dir():
+    raise ConfigError(f"--workdir: {workdir} is a file, not a directory")
   settings = settings_lib.from_config(config)  # bad config -> one clear error, before any work
   optimizer_lib.check(settings.opt, settings.finetune)
   workdir_path = Path(workdir)
@@ -220,9 +226,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if prepared.tokenizer.vocab_size > settings.model.vocab_size:
     raise ConfigError(f"model.vocab_size: {settings.model.vocab_size} is smaller than the tokenizer's "
                       f"vocabulary ({prepared.tokenizer.vocab_size})")
+  created = not workdir_path.exists()
   workdir_path.mkdir(parents=True, exist_ok=True)
-  with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):  # activation constraints apply inside
-    return _train(settings, workdir_path, mesh, prepared, stop_after_steps, config_changes)
+  with workdir_ckpt.locked(workdir_path) if jax.process_index() == 0 else contextlib.nullcontext():
+    try:
+      with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):  # activation constraints apply inside
+        return _train(settings, workdir_path, mesh, prepared, stop_after_steps, config_changes)
+    except BaseException:
+      if created and jax.process_index() == 0 and not workdir_ckpt.steps(workdir_path):
+        # A new run that failed before its first checkpoint leaves no half-made workdir behind (module docstring, 6).
+        shutil.rmtree(workdir_path, ignore_errors=True)
+      raise
 
 
 def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optional[int],
@@ -247,9 +261,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
       train_iter.set_state(data_state)
     logging.info("Resumed from step %d (%s)", restored_step, workdir_ckpt.checkpoint_dir(workdir_path))
   elif train_cfg.init_from:
-    state = state_lib.state_from_params_checkpoint(train_cfg.init_from, model_cfg, optimizer, abstract_state,
-                                                   state_shardings,
-                                                   init_fn, jax.random.PRNGKey(settings.seed))
+    state = state_lib.state_from_checkpoint(train_cfg.init_from, model_cfg, optimizer, state_shardings,
+                                            settings.mesh.axis_rules, init_fn, jax.random.PRNGKey(settings.seed))
   else:
     state = programs.init_state(jax.random.PRNGKey(settings.seed))
   if distilling and restored_step is None:  # round 0's teacher: the run the student starts from
@@ -339,7 +352,7 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
       bar.close()
   if settings.finetune.mode != "full" and settings.finetune.save_adapter and int(state.step) == num_steps:
     adapter_ckpt.save_adapter(workdir_path / adapter_ckpt.ADAPTER_DIR, state.params, model_cfg, settings.finetune,
-                              base=train_cfg.init_from, step=int(state.step))
+                              base=train_cfg.init_from, step=int(state.step), run_config_json=settings.config_json)
   return state
 
 
