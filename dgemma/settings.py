@@ -33,7 +33,7 @@ import ml_collections
 
 from configs import base
 from dgemma import finetune as finetune_lib
-from dgemma import quant, tokenizers
+from dgemma import files, quant, tokenizers
 from dgemma.data import sources
 from dgemma.diffusion import distill as distill_lib, objectives, schedules
 from dgemma.diffusion.config import DiffusionSettings
@@ -683,11 +683,15 @@ def to_json(config: ml_collections.ConfigDict) -> str:
   return config.to_json_best_effort(indent=2, sort_keys=True)
 
 
-def from_json(text: str) -> ml_collections.ConfigDict:
+def from_json(text: str, source: str | os.PathLike = "config.json") -> ml_collections.ConfigDict:
   """Inverse of `to_json`, laid over today's defaults (configs/base.py), so a run saved before a key
-  existed still loads, with that key at its default. Tuples come back as lists."""
+  existed still loads, with that key at its default. Tuples come back as lists. A damaged text is an error
+  naming `source` (the file it was read from)."""
   config = base.get_config()
-  _merge(config, json.loads(text), "")
+  values = files.parse_json(text, source)
+  if not isinstance(values, dict):
+    raise ConfigError(f"{source}: holds {type(values).__name__}, not a config (a JSON object)")
+  _merge(config, values, "")
   return config
 
 

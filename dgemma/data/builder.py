@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from dgemma.data import jsonl, sft, shakespeare
-from dgemma.errors import ConfigError
+from dgemma.errors import ConfigError, DataError
 
 TXT_MODES = ("line", "file")
 EXTENSIONS = (".txt", ".jsonl")
@@ -138,19 +138,19 @@ def iter_file_documents(path: str | os.PathLike[str], txt_mode: str = "line", js
   elif path.suffix == ".jsonl":
     for where, record in jsonl.records(path, encoding_errors):
       if not isinstance(record, dict) or jsonl_field not in record:
-        raise ValueError(f"{where}: no field {jsonl_field!r} (data.jsonl_field)")
+        raise DataError(f"{where}: no field {jsonl_field!r} (data.jsonl_field)")
       doc = record[jsonl_field]
       if not isinstance(doc, str):
-        raise ValueError(f"{where}: field {jsonl_field!r} (data.jsonl_field) is "
+        raise DataError(f"{where}: field {jsonl_field!r} (data.jsonl_field) is "
                          f"{type(doc).__name__}, not a string")
       if doc.strip():
         count += 1
         yield doc
   else:
-    raise ValueError(f"data.files: {path} has unsupported extension {path.suffix!r} "
+    raise DataError(f"data.files: {path} has unsupported extension {path.suffix!r} "
                      f"(use {' or '.join(EXTENSIONS)})")
   if count == 0:
-    raise ValueError(f"data.files: {path} has no documents (only blank lines or empty texts)")
+    raise DataError(f"data.files: {path} has no documents (only blank lines or empty texts)")
 
 
 def check_files(files: Sequence[str]) -> list[Path]:
@@ -163,13 +163,15 @@ def check_files(files: Sequence[str]) -> list[Path]:
   paths = []
   for name in files:
     path = Path(name).expanduser().absolute()
+    if path.is_dir():
+      raise DataError(f"data.files: {name} is a directory; name its .txt / .jsonl files")
     if path.suffix not in EXTENSIONS:
-      raise ValueError(f"data.files: {name} has unsupported extension {path.suffix!r} "
+      raise DataError(f"data.files: {name} has unsupported extension {path.suffix!r} "
                        f"(use {' or '.join(EXTENSIONS)})")
     if not path.is_file():
       raise FileNotFoundError(f"data.files: {name} does not exist")
     if path.stat().st_size == 0:
-      raise ValueError(f"data.files: {name} is empty")
+      raise DataError(f"data.files: {name} is empty")
     paths.append(path)
   return paths
 

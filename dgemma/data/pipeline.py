@@ -33,7 +33,7 @@ import tensorflow_datasets as tfds
 from dgemma import tokenizers
 from dgemma.data import builder as builder_lib
 from dgemma.data import sft
-from dgemma.errors import ConfigError
+from dgemma.errors import ConfigError, DataError
 
 _STATE_FORMAT = 1
 # Fields of the iterator state that must match on set_state (else it is another stream).
@@ -63,7 +63,7 @@ class PreparedData:
     if split not in self.splits:
       hint = ("; it gets documents when data.validation_fraction > 0 and there are >= 2 "
               "documents" if split == "validation" else " (see eval.split)")
-      raise ValueError(f"split {split!r} not in {self.dataset_id}'s splits {self.splits}{hint}")
+      raise DataError(f"split {split!r} not in {self.dataset_id}'s splits {self.splits}{hint}")
     return self._open_split(split)
 
   def num_documents(self, split: str) -> int:
@@ -126,7 +126,7 @@ def _prepare_tfds(data) -> dict:
     tfds_builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
     tfds_builder.download_and_prepare(file_format="array_record")
   except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f"data.tfds_name={name!r}: could not build the TFDS dataset into {data_dir} "
+    raise DataError(f"data.tfds_name={name!r}: could not build the TFDS dataset into {data_dir} "
                      f"(it needs internet the first time): {e}") from e
   features = tfds_builder.info.features
   if data.tfds_text_key not in features:
@@ -272,7 +272,7 @@ def make_text_iterator(settings, prepared: PreparedData, split: str, *, shard_in
   source = prepared.data_source(split)
   num_documents = len(source)
   if num_documents == 0:
-    raise ValueError(f"split {split!r} of {prepared.dataset_id} has no documents")
+    raise DataError(f"split {split!r} of {prepared.dataset_id} has no documents")
   # Shard by documents; a split with fewer documents than shards is sharded by packed rows.
   sharding = "rows" if num_documents < shard_count else "documents"
   dataset = grain.MapDataset.source(source)

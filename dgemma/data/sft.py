@@ -42,10 +42,20 @@ import numpy as np
 
 from dgemma import tokenizers
 from dgemma.data import jsonl
+from dgemma.errors import DataError
 
 TURN_START, TURN_END = tokenizers.TURN_START, tokenizers.TURN_END
 MODEL_ROLE = "model"
+ROLES = ("system", "user", MODEL_ROLE)  # Gemma 4's turn roles
 ROLE_ALIASES = {"assistant": MODEL_ROLE}
+
+
+def canonical_role(role: str, where: str) -> str:
+  """A turn's role in Gemma 4's names ('assistant' -> 'model'); any other role is an error naming `where`."""
+  role = ROLE_ALIASES.get(role, role)
+  if role not in ROLES:
+    raise DataError(f"{where}: role {role!r} is not one of {ROLES + tuple(ROLE_ALIASES)}")
+  return role
 
 
 def iter_jsonl_examples(path: str | Path, prompt_field: str, response_field: str, messages_field: str,
@@ -53,38 +63,38 @@ def iter_jsonl_examples(path: str | Path, prompt_field: str, response_field: str
   """Normalised records (JSON text) of one .jsonl file; errors name the file, line and field."""
   path = Path(path)
   if path.suffix != ".jsonl":
-    raise ValueError(f"data.files: {path} is not a .jsonl file (data.format='sft' reads .jsonl records)")
+    raise DataError(f"data.files: {path} is not a .jsonl file (data.format='sft' reads .jsonl records)")
   count = 0
   for where, record in jsonl.records(path, encoding_errors):
     if not isinstance(record, dict):
-      raise ValueError(f"{where}: expected a JSON object")
+      raise DataError(f"{where}: expected a JSON object")
     if messages_field in record:
       turns = _chat_turns(record[messages_field], f"{where}: field {messages_field!r} (data.messages_field)")
       response = turns.pop()[1]
     elif prompt_field in record and response_field in record:
       for field, key in ((prompt_field, "data.prompt_field"), (response_field, "data.response_field")):
         if not isinstance(record[field], str):
-          raise ValueError(f"{where}: field {field!r} ({key}) is {type(record[field]).__name__}, not a string")
+          raise DataError(f"{where}: field {field!r} ({key}) is {type(record[field]).__name__}, not a string")
       turns, response = [["user", record[prompt_field]]], record[response_field]
     else:
-      raise ValueError(f"{where}: needs fields {prompt_field!r} and {response_field!r} (data.prompt_field, "
+      raise DataError(f"{where}: needs fields {prompt_field!r} and {response_field!r} (data.prompt_field, "
                        f"data.response_field) or {messages_field!r} (data.messages_field)")
     count += 1
     yield json.dumps({"turns": turns, "response": response}, ensure_ascii=False)
   if count == 0:
-    raise ValueError(f"data.files: {path} has no records")
+    raise DataError(f"data.files: {path} has no records")
 
 
 def _chat_turns(messages, where: str) -> list[list[str]]:
   if not isinstance(messages, list) or len(messages) < 2:
-    raise ValueError(f"{where}: expected a list of at least 2 {{role, content}} turns")
+    raise DataError(f"{where}: expected a list of at least 2 {{role, content}} turns")
   turns = []
   for i, m in enumerate(messages):
     if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-      raise ValueError(f"{where}: turn {i} is not {{'role': str, 'content': str}}")
-    turns.append([ROLE_ALIASES.get(m["role"], m["role"]), m["content"]])
+      raise DataError(f"{where}: turn {i} is not {{'role': str, 'content': str}}")
+    turns.append([canonical_role(m["role"], f"{where}: turn {i}"), m["content"]])
   if turns[-1][0] != MODEL_ROLE:
-    raise ValueError(f"{where}: the last turn (the response) must have role 'model' or 'assistant', "
+    raise DataError(f"{where}: the last turn (the response) must have role 'model' or 'assistant', "
                      f"got {messages[-1]['role']!r}")
   return turns
 
@@ -148,7 +158,7 @@ def make_row(prompt: list[int], response: list[int], end: int, canvas_index: int
   slots = seq_len - C
   dropped = max(0, len(context) - slots)
   if dropped and overflow == "error":
-    raise ValueError(f"data.sft_overflow='error': the prompt ({len(prompt)} tokens) and {canvas_index} earlier "
+    raise DataError(f"data.sft_overflow='error': the prompt ({len(prompt)} tokens) and {canvas_index} earlier "
                      f"canvas(es) need {len(context)} context slots > data.seq_len - diffusion.canvas_len = {slots}")
   context, context_is_response = context[dropped:], context_is_response[dropped:]
   pad = slots - len(context)
@@ -188,6 +198,6 @@ def check_fits(tokenizer, records: Iterator[str], *, seq_len: int, canvas_len: i
     prompt, response = render(tokenizer, record)
     needed = len(prompt) + (num_canvases(len(response), canvas_len) - 1) * canvas_len
     if needed > seq_len - canvas_len:
-      raise ValueError(f"data.sft_overflow='error': example {i} of split {split!r} needs {needed} context "
+      raise DataError(f"data.sft_overflow='error': example {i} of split {split!r} needs {needed} context "
                        f"tokens (prompt {len(prompt)} + earlier canvases) > data.seq_len - diffusion.canvas_len = "
                        f"{seq_len - canvas_len}; raise data.seq_len or use data.sft_overflow='truncate_left'")

@@ -41,7 +41,7 @@ import numpy as np
 
 from dgemma import files, tokenizers
 from dgemma.data import pipeline
-from dgemma.errors import ConfigError
+from dgemma.errors import ConfigError, DataError
 
 NUM_CELLS = 81
 ROW_LEN = 1 + 2 * NUM_CELLS   # BOS + puzzle + solution
@@ -62,13 +62,13 @@ def parse_grid(text: str, *, allow_blanks: bool = True, where: str = "grid") -> 
   """81 digits ('0' = blank unless allow_blanks=False) -> int8[81]; errors name `where`."""
   text = text.strip()
   if len(text) != NUM_CELLS:
-    raise ValueError(f"{where}: expected {NUM_CELLS} digits, got {len(text)} characters")
+    raise DataError(f"{where}: expected {NUM_CELLS} digits, got {len(text)} characters")
   bad = [c for c in text if not ("0" <= c <= "9")]
   if bad:
-    raise ValueError(f"{where}: non-digit character {bad[0]!r} (only 0-9 are allowed, 0 = blank)")
+    raise DataError(f"{where}: non-digit character {bad[0]!r} (only 0-9 are allowed, 0 = blank)")
   grid = _digits(text)
   if not allow_blanks and (grid == 0).any():
-    raise ValueError(f"{where}: a solution has no blanks, but cell {int(np.argmax(grid == 0))} is 0")
+    raise DataError(f"{where}: a solution has no blanks, but cell {int(np.argmax(grid == 0))} is 0")
   return grid
 
 
@@ -252,21 +252,21 @@ def read_csv(path: str | os.PathLike, *, check_solutions: bool = True) -> list[t
     reader = csv.reader(f)
     header = next(reader, None)
     if header is None or tuple(h.strip() for h in header) != CSV_HEADER:
-      raise ValueError(f"{path}:1: expected the header 'puzzle,solution', got {header!r}")
+      raise DataError(f"{path}:1: expected the header 'puzzle,solution', got {header!r}")
     for line_no, fields in enumerate(reader, start=2):
       if not fields:
         continue
       where = f"{path}:{line_no}"
       if len(fields) != 2:
-        raise ValueError(f"{where}: expected 2 fields (puzzle,solution), got {len(fields)}")
+        raise DataError(f"{where}: expected 2 fields (puzzle,solution), got {len(fields)}")
       puzzle = parse_grid(fields[0], where=f"{where}: puzzle")
       solution = parse_grid(fields[1], allow_blanks=False, where=f"{where}: solution")
       if check_solutions and not is_solution(solution, puzzle):
-        raise ValueError(f"{where}: the solution does not solve the puzzle (a row, column or box repeats a "
+        raise DataError(f"{where}: the solution does not solve the puzzle (a row, column or box repeats a "
                          "digit, or a given is changed)")
       rows.append((format_grid(puzzle), format_grid(solution)))
   if not rows:
-    raise ValueError(f"{path}: no puzzles (only a header)")
+    raise DataError(f"{path}: no puzzles (only a header)")
   return rows
 
 
@@ -371,7 +371,7 @@ class _MakeRow:
     self._bos_id = tokenizer.bos_id
     self._digit_ids = np.asarray(tokenizer.encode("0123456789"), np.int32)
     if self._digit_ids.shape != (10,):
-      raise ValueError(f"sudoku rows need one token per digit; the tokenizer gives {self._digit_ids.size} for 0-9")
+      raise DataError(f"sudoku rows need one token per digit; the tokenizer gives {self._digit_ids.size} for 0-9")
     self._augment = augment
     self._seed = seed
     self._infill = infill
@@ -399,7 +399,7 @@ def make_iterator(settings, prepared, split: str, *, shard_index: int, shard_cou
   """Batches of fixed rows (data.source='sudoku'; the state protocol of every source's iterator)."""
   source = prepared.data_source(split)
   if len(source) == 0:
-    raise ValueError(f"split {split!r} of {prepared.dataset_id} has no puzzles")
+    raise DataError(f"split {split!r} of {prepared.dataset_id} has no puzzles")
   sharding = "rows" if len(source) < shard_count else "documents"
   dataset = grain.MapDataset.source(source)
   if shard_count > 1:

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 from absl import app, flags
 
+from dgemma import jax_cache
 from dgemma.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 
 # Errors that are the user's input, not a bug: printed as one line.
@@ -32,18 +33,25 @@ def _override_flags(argv: Sequence[str]) -> list[str]:
 
 
 def parse_flags(argv: Sequence[str], prog: str):
-  """absl's parser; a config override that names no key or has a bad value becomes one line."""
+  """absl's parser; every flag error (an unknown flag, a config override that names no key or has a bad value,
+  an override before --config=, a config file that failed to load) becomes one line `prog: ...`."""
+  hint = "configs/base.py lists every key; mesh.shape has data, fsdp, expert, tensor"
   try:
     return flags.FLAGS(argv)
-  except flags.Error:
-    raise  # absl prints its usage message
+  except flags.Error as e:  # unknown flags, flag order, bad flag values
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if "before a value for --" in text:
+      text += "; put --config=FILE first"
+    sys.exit(f"{prog}: {text} ({prog} --help lists the flags)")
+  except OSError as e:  # an override on a config file that failed to load: report the file's own error
+    sys.exit(f"{prog}: --config: {e.__cause__ or e}")
   except (AttributeError, KeyError, TypeError, ValueError) as e:
     missing = str(e).strip("'\" ")
     overrides = _override_flags(argv)
     named = [o for o in overrides if missing in o.split(".")] or overrides
     what = (f"--{named[0]}: no such config key" if isinstance(e, (AttributeError, KeyError)) and named
             else f"{', '.join('--' + o for o in named)}: {e}" if named else str(e))
-    sys.exit(f"{prog}: {what} (configs/base.py lists every key; mesh.shape has data, fsdp, expert, tensor)")
+    sys.exit(f"{prog}: {what} ({hint})")
 
 
 def config(holder):
@@ -81,6 +89,7 @@ def run(main: Callable, prog: str, user_errors: tuple = ()) -> None:
   caught = USER_ERRORS + tuple(user_errors)
 
   def guarded(argv):
+    jax_cache.enable()
     try:
       return main(argv)
     except caught as e:

@@ -33,3 +33,14 @@ def test_saving_and_loading_a_params_checkpoint_installs_it(tmp_path):
   assert orbax_logs._QUIET_ORBAX in logger.filters
   orbax_logs.quiet_orbax()
   assert logger.filters.count(orbax_logs._QUIET_ORBAX) == 1  # idempotent
+
+
+def test_read_only_notes_are_dropped_but_other_warnings_kept():
+  # dgemma opens every manager that only reads read-only on purpose: Orbax's notes about it (several per load)
+  # are noise; its other warnings stay
+  f = orbax_logs._QUIET_ORBAX
+  orbax_file = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
+  note = lambda msg: logging.LogRecord("absl", logging.WARNING, orbax_file, 1, msg, None, None)
+  assert not f.filter(note("Given directory is read only=/w/checkpoints"))
+  assert not f.filter(note("CheckpointManagerOptions.read_only=True, setting save_interval_steps=0."))
+  assert f.filter(note("Checkpoint step 3 is incomplete"))

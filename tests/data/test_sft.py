@@ -16,7 +16,7 @@ from dgemma import settings as settings_lib
 from dgemma import diffusion, tokenizers
 from dgemma.data import sft
 from dgemma.settings import from_config as S
-from dgemma.errors import ConfigError
+from dgemma.errors import ConfigError, DataError
 from tests.model_utils import random_params
 from tests.diffusion.test_block_causal import CFG, jitted_loss
 
@@ -101,6 +101,9 @@ def test_jsonl_records_and_errors(tmp_path):
     list(sft.iter_jsonl_examples(path, "prompt", "response", "messages"))
   path.write_text(json.dumps({"chat": [{"role": "user", "content": "hi"}, {"role": "user", "content": "x"}]}) + "\n")
   with pytest.raises(ValueError, match="last turn .* must have role 'model'"):
+    list(sft.iter_jsonl_examples(path, "q", "a", "chat"))
+  path.write_text(json.dumps({"chat": [{"role": "wizard", "content": "hi"}, {"role": "model", "content": "x"}]}) + "\n")
+  with pytest.raises(DataError, match=r"line 1: field 'chat' \(data.messages_field\): turn 0: role 'wizard' is not one of \('system', 'user', 'model', "):
     list(sft.iter_jsonl_examples(path, "q", "a", "chat"))
   path.write_text(json.dumps({"q": "2+2?", "a": 4}) + "\n")
   with pytest.raises(ValueError, match=r"'a' \(data.response_field\) is int"):
