@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import flax.linen as nn
 import jax
@@ -82,3 +83,20 @@ def check_batch_fits_mesh(batch_size: int, grad_accum_steps: int, mesh: Mesh, ax
     raise ConfigError(
         f"opt.grad_accum_steps: {grad_accum_steps} micro-batches of data.batch_size={batch_size} rows do "
         f"not divide evenly over the {shards} batch shards (need batch_size % (shards * steps) == 0)")
+
+
+def free_memory_bytes() -> int:
+  """Memory one request may still allocate on the first device: on GPU / TPU its limit less what is in use; on
+  CPU the host's available memory (/proc/meminfo MemAvailable where there is one, else all physical memory).
+  The checks that refuse a request before allocating it (sampling, eval.likelihood) compare against this."""
+  stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
+  if stats and "bytes_limit" in stats:
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import time
 from typing import Callable, Sequence
 
@@ -41,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dgemma import mesh as mesh_lib
 from dgemma.diffusion import objectives, schedules
 from dgemma.diffusion.corruption import corrupt_rows, split_context_canvas
 from dgemma.errors import ConfigError
@@ -266,10 +266,6 @@ def summarize(canvas_nats_R: np.ndarray, canvas_tokens_R: np.ndarray, num_bytes:
           "canvas_nats": [float(x) for x in canvas_nats_R], "canvas_tokens": [int(x) for x in canvas_tokens_R]}
 
 
-def _host_memory_bytes() -> int:
-  return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def check_request(model_cfg: ModelConfig, *, context_len: int, canvas_len: int, batch_size: int,
                   max_positions: int) -> None:
   """Before anything is allocated: the rows fit the model's positions, and one batch's attention scores
@@ -278,12 +274,11 @@ def check_request(model_cfg: ModelConfig, *, context_len: int, canvas_len: int, 
     raise ConfigError(f"eval.context_len: {context_len} context + {canvas_len} canvas tokens exceed the model's "
                       f"{max_positions} positions")
   scores = 4 * batch_size * model_cfg.num_heads * context_len * context_len
-  memory = _host_memory_bytes() if jax.default_backend() == "cpu" else jax.devices()[0].memory_stats().get(
-      "bytes_limit", _host_memory_bytes())
+  memory = mesh_lib.free_memory_bytes()
   if scores > memory:
     raise ConfigError(f"eval.context_len: {context_len} needs about {scores / 2**30:.0f} GiB for the attention scores "
                       f"of one batch (eval.batch_size={batch_size} x {model_cfg.num_heads} heads x {context_len}^2 "
-                      f"fp32), more than the {memory / 2**30:.0f} GiB of memory; lower eval.context_len or "
+                      f"fp32), more than the {memory / 2**30:.0f} GiB of free memory; lower eval.context_len or "
                       "eval.batch_size")
 
 
@@ -326,6 +321,7 @@ def score_documents(params, model_cfg: ModelConfig, diffusion, ev, docs: Sequenc
          "documents": len(docs), "complete_documents": sum(d.complete for d in docs), "canvases": len(rows),
          "canvas_len": canvas_len, "context_len": context_len}
   out.update(summarize(nats_R, tokens_R, sum(d.num_bytes for d in docs)))
+  out["uniform_nats_per_token"] = math.log(model_cfg.vocab_size)  # a model that knows nothing: log V
   if not objective.autoregressive:
     out.update(num_t_samples=ev.num_t_samples, t_eps=diffusion.t_eps,
                reconstruction_nats_per_token=float(np.sum(np.concatenate(recon)) / np.sum(tokens_R)))

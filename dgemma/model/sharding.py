@@ -66,6 +66,7 @@ def jit_with_axis_rules(fn: Callable, *, static_argnums: Sequence[int] = (), sta
   @functools.wraps(fn)
   def call(*args, **kwargs):
     return jitted(current_axis_rules(), *args, **kwargs)
+  call.jitted = jitted  # its compiled programs: call.jitted._cache_size()
   return call
 
 

@@ -15,8 +15,11 @@ Reference doc, "Two modes" and "Sampler (released defaults)" / "Commit"; HF 5.24
      keep the encoder's logits at the row's last valid token: they score the next canvas's first position.
   4. Rows that ended stay PAD and take no more decoder passes; the loop stops early when every row
      ended (`early_exit`, `lax.while_loop`) or runs all canvases (`lax.scan`).
-Shapes are static: one compilation per (batch, prompt length, max_new_tokens, settings).
-Every request is checked on the host (`check_request`) before anything is traced or compiled.
+Shapes are static: one compilation per (batch, prompt length, max_new_tokens, settings). `bucketed_shape` rounds
+a request's batch and prompt length up to a few sizes; callers pad to them (padding rows start ended:
+`row_active_B`), so new prompts reuse compiled programs with the same tokens (dgemma.load's Model does).
+Every request is checked on the host (`check_request`: positions, and the memory its cache and prompt encode
+need) before anything is traced or compiled.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from dgemma import mesh as mesh_lib
 from dgemma.model import init_cache, sharding
 from dgemma.errors import ConfigError
 from dgemma.sampling import live
@@ -89,13 +93,15 @@ def cache_size(prompt_len: int, max_new_tokens: int, canvas_len: int) -> int:
   return prompt_len + (num_canvases(max_new_tokens, canvas_len) - 1) * canvas_len
 
 
-def check_request(cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_tokens: int) -> None:
+def check_request(cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_tokens: int,
+                  model_cfg=None) -> None:
   """Host-side checks of one generation request (before any tracing); errors name the field.
 
   Context rule: every position the sampler uses must be < cfg.max_context. The cache holds the
   (padded) prompt and every committed canvas, and the canvas being denoised follows them, so
   prompt_len + num_canvases(max_new_tokens) * canvas_len <= max_context (max_new_tokens rounded up
   to whole canvases: the last canvas is denoised whole even when it is cut).
+  With `model_cfg`, the request's largest buffers (`request_bytes`) must also fit the free memory.
   """
   if batch <= 0:
     raise ConfigError(f"sample.num_samples: need at least one prompt row, got batch {batch}")
@@ -104,12 +110,57 @@ def check_request(cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_to
   if int(max_new_tokens) <= 0:
     raise ConfigError(f"sample.max_new_tokens must be positive, got {max_new_tokens}")
   k, c = num_canvases(int(max_new_tokens), cfg.canvas_len), cfg.canvas_len
+  if k * c + 1 > cfg.max_context:
+    raise ConfigError(f"sample.max_new_tokens={max_new_tokens} (rounded up to {k} canvas(es) of {c}) does not fit "
+                      f"sample.max_context={cfg.max_context} positions even after a one-token prompt; lower it to at "
+                      f"most {(cfg.max_context - 1) // c * c}")
   needed = prompt_len + k * c
   if needed > cfg.max_context:
     raise ConfigError(
         f"prompt: {prompt_len} prompt tokens + sample.max_new_tokens={max_new_tokens} (rounded up to {k} "
         f"canvas(es) of {c}) need {needed} positions > sample.max_context={cfg.max_context}; shorten the "
         f"prompt to at most {cfg.max_context - k * c} tokens or lower sample.max_new_tokens")
+  if model_cfg is not None:
+    need = request_bytes(model_cfg, cfg, batch=batch, prompt_len=prompt_len, max_new_tokens=max_new_tokens)
+    free = mesh_lib.free_memory_bytes()
+    if sum(need.values()) > free:
+      parts = ", ".join(f"{name.replace('_', ' ')} {size / 2**30:.1f} GiB" for name, size in need.items())
+      raise ConfigError(f"prompt: {batch} row(s) of a {prompt_len}-token prompt + {k} canvas(es) of {c} need about "
+                        f"{sum(need.values()) / 2**30:.1f} GiB ({parts}), more than the {free / 2**30:.1f} GiB of free "
+                        "memory; shorten the prompt, generate fewer rows at once or lower sample.max_new_tokens")
+
+
+def request_bytes(model_cfg, cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_tokens: int) -> dict:
+  """The largest buffers of one generate call, in bytes, on one device: the KV cache (every layer's keys and
+  values over the prompt and committed canvases; sliding layers a window-sized ring) and the attention scores of
+  the prompt encode (batch x heads x prompt x cache slots, fp32) when the encoder's attention materialises them
+  (attention_impl 'xla'; tokamax's flash kernels do not)."""
+  from dgemma.model import attention  # pylint: disable=g-import-not-at-top  (the model imports sampling's config)
+  slots = cache_size(prompt_len, max_new_tokens, cfg.canvas_len)
+  cache = jax.eval_shape(lambda: init_cache(model_cfg, batch, slots, jnp.dtype(model_cfg.dtype), sliding_ring=True))
+  out = {"kv_cache": sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(cache))}
+  if attention.resolve_impl(model_cfg.attention_impl) == "xla":
+    out["prompt_attention_scores"] = 4 * batch * model_cfg.num_heads * prompt_len * slots
+  return out
+
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # larger batches are rounded up to a multiple of 64
+MIN_PROMPT_BUCKET = 32  # prompt lengths are rounded up to a power of two, at least this
+
+
+def bucketed_shape(*, batch: int, prompt_len: int, max_new_tokens: int, canvas_len: int,
+                   max_context: int) -> tuple[int, int]:
+  """(batch, prompt length) rounded up to the buckets a caller pads a request to, so requests of nearby sizes
+  share one compiled program: the batch to BATCH_BUCKETS (then multiples of 64), the prompt length to a power of
+  two >= MIN_PROMPT_BUCKET, or kept where the rounded length and the response (whole canvases of canvas_len; 1
+  for an AR model) would not fit max_context. Padding changes no
+  token: rows draw from fold_in(key, row), padding rows start ended (`generate`'s row_active_B) and padded prompt
+  slots are never attended (tests/sampling/test_generation_buckets.py)."""
+  rows = next((b for b in BATCH_BUCKETS if b >= batch), -(-batch // 64) * 64)
+  length = max(MIN_PROMPT_BUCKET, 1 << max(prompt_len - 1, 0).bit_length())
+  if length + num_canvases(int(max_new_tokens), canvas_len) * canvas_len > max_context:
+    length = prompt_len
+  return rows, length
 
 
 def infill_arrays(pairs, batch: int, max_new_tokens: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -152,7 +203,7 @@ def _model_cfg(model):
 
 
 def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: str,
-                   params, prompt_BP, lengths_B, rng, fixed_BN, fixed_mask_BN, callback_id) -> GenerateOutput:
+                   params, prompt_BP, lengths_B, rng, fixed_BN, fixed_mask_BN, active_B, callback_id) -> GenerateOutput:
   mcfg = _model_cfg(model)
   vocab = int(mcfg.vocab_size)
   batch, prompt_len = prompt_BP.shape
@@ -245,7 +296,7 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
     traj0 = jax.tree.map(lambda x: jnp.broadcast_to(x, (n_traj,) + x.shape),
                          Trajectory.empty(cfg.max_denoising_steps, batch, C))
   state = _GenState(canvas_idx=jnp.zeros((), jnp.int32), cache=cache, committed_B=jnp.zeros((batch,), jnp.int32),
-                    ended_B=jnp.zeros((batch,), bool), tokens_BM=jnp.full((batch, M), cfg.pad_id, jnp.int32),
+                    ended_B=~active_B, tokens_BM=jnp.full((batch, M), cfg.pad_id, jnp.int32),
                     num_forwards_B=jnp.zeros((batch,), jnp.int32), traj=traj0, prev_logits_BV=prev_logits_BV)
   # 4. canvas after canvas
   if cfg.early_exit:
@@ -254,6 +305,7 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
     state, _ = jax.lax.scan(lambda st, _: (body(st), None), state, None, length=K)
 
   tokens_BN, valid_BN, ended_B = cut_after_end(state.tokens_BM[:, :max_new_tokens], cfg.end_ids, cfg.pad_id)
+  valid_BN = valid_BN & active_B[:, None]
   lengths_out_B = jnp.sum(valid_BN, axis=-1, dtype=jnp.int32)
   tpf_B = lengths_out_B.astype(jnp.float32) / jnp.maximum(state.num_forwards_B, 1).astype(jnp.float32)
   return GenerateOutput(tokens_BN=tokens_BN, lengths_B=lengths_out_B, ended_B=ended_B,
@@ -265,7 +317,7 @@ _generate_jit = sharding.jit_with_axis_rules(_generate_impl, static_argnums=(0, 
 
 def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: SamplerConfig, rng,
              max_new_tokens: int, return_trajectory: bool | str = False, *,
-             infill_tokens_BN=None, infill_mask_BN=None, step_callback=None) -> GenerateOutput:
+             infill_tokens_BN=None, infill_mask_BN=None, step_callback=None, row_active_B=None) -> GenerateOutput:
   """Generates up to `max_new_tokens` per prompt with the DiffusionGemma sampler.
 
   model / params: a dgemma `Transformer` and its params.
@@ -280,6 +332,8 @@ def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: Sam
   step_callback: with sampler_cfg.show == 'live', called on the host with a `live.StepView` after
     every executed denoising step, in order (e.g. a `live.LivePrinter`); None prints token ids.
     The call returns once every step has been delivered.
+  row_active_B: bool [B] (default all True); a False row is padding (`bucketed_shape`): it starts ended, takes
+    no decoder pass and returns no tokens.
   Bad requests raise (ConfigError / ValueError naming the field) before anything is compiled.
   """
   if not isinstance(sampler_cfg, SamplerConfig):
@@ -323,9 +377,12 @@ def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: Sam
                      "compiled into the program only then")
   if isinstance(rng, int):
     rng = jax.random.key(rng)
+  row_active_B = np.ones((batch,), bool) if row_active_B is None else row_active_B
+  if np.shape(row_active_B) != (batch,):
+    raise ValueError(f"row_active_B: expected shape ({batch},), got {np.shape(row_active_B)}")
   args = (model, sampler_cfg, max_new_tokens, traj, params, jnp.asarray(prompt_tokens_BP, jnp.int32),
           jnp.asarray(prompt_lengths_B, jnp.int32), rng, jnp.asarray(infill_tokens_BN, jnp.int32),
-          jnp.asarray(infill_mask_BN, bool))
+          jnp.asarray(infill_mask_BN, bool), jnp.asarray(row_active_B, bool))
   if sampler_cfg.show != "live":
     return _generate_jit(*args, np.int32(0))
   printer = step_callback or live.LivePrinter(total_steps=sampler_cfg.max_denoising_steps,

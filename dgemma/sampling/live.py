@@ -35,6 +35,8 @@ class StepView:
     elsewhere; ancestral: z_s). accepted_BC: tokens held on the canvas (highlighted).
   result_BC: the canvas result so far (released: the argmax canvas; ancestral: z_s).
   active_B: rows that ran the step (ended or finished rows did not).
+  texts: each row's result_BC decoded, where the caller has a tokenizer (dgemma.load's Model fills it in for
+    on_step); () otherwise.
   """
 
   canvas_idx: int
@@ -43,6 +45,7 @@ class StepView:
   accepted_BC: np.ndarray
   result_BC: np.ndarray
   active_B: np.ndarray
+  texts: tuple[str, ...] = ()
 
 
 _lock = threading.Lock()

@@ -1,0 +1,40 @@
+"""The persistent compilation cache of dgemma.load and the command lines (dgemma/jax_cache.py)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dgemma import jax_cache
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_cache_directory_is_chosen_by_jax_then_the_environment(monkeypatch, tmp_path):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  assert jax_cache.chosen_dir(None, None) == tmp_path / "xdg" / "dgemma" / "jax"  # on by default
+  monkeypatch.delenv("XDG_CACHE_HOME")
+  assert jax_cache.chosen_dir(None, None) == Path.home() / ".cache" / "dgemma" / "jax"
+  assert jax_cache.chosen_dir(None, "/somewhere") == Path("/somewhere")
+  for off in ("0", "off", "", "false"):
+    assert jax_cache.chosen_dir(None, off) is None
+  assert jax_cache.chosen_dir("/from/jax", "0") == Path("/from/jax")  # a directory given to JAX is kept
+
+
+@pytest.mark.slow  # subprocesses (the command line in a fresh process)
+def test_a_command_line_fills_the_cache_and_the_next_process_reads_it(tiny_run, tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  env.update(DGEMMA_COMPILATION_CACHE_DIR=str(tmp_path / "cache"), JAX_PLATFORMS="cpu")
+  cmd = [sys.executable, "sample.py", f"--checkpoint={tiny_run[0]}", "--steps=2"]
+  first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert first.returncode == 0, first.stderr[-3000:]
+  entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
+  assert entries  # the generate program (seconds to compile) was written
+  second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert second.returncode == 0 and second.stdout == first.stdout  # same samples from the cached program
+  off = subprocess.run(cmd, cwd=REPO, env=dict(env, DGEMMA_COMPILATION_CACHE_DIR="0",
+                                               XDG_CACHE_HOME=str(tmp_path / "xdg")),
+                       capture_output=True, text=True, timeout=600)
+  assert off.returncode == 0 and not (tmp_path / "xdg").exists()
