@@ -22,7 +22,7 @@ data: venv
 
 demo: venv data
 	$(PY) train.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR)
-	$(PY) sample.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR) \
+	$(PY) sample.py --config=configs/demo.py --workdir=$(DEMO_WORKDIR) --text_out=$(DEMO_WORKDIR)/samples.txt \
 	  --config.sample.trajectory_html=$(REPORT)/trajectory.html
 	$(PY) -m eval.samples --checkpoint=$(DEMO_WORKDIR) --real_words=train --num_samples=32 \
 	  --out=$(DEMO_WORKDIR)/sample_quality.json

@@ -17,9 +17,11 @@ Hugging Face directory (dgemma/checkpoints/). A run's architecture and tokenizer
 --config (optional) supplies the `sample`, `eval` and `mesh` settings (and, for checkpoints that carry no
 run config, the rest). --prompts: a .txt file (one prompt a line) or .jsonl (`prompt` or `messages`);
 default sample.prompt, sample.num_samples times. --chat renders prompts as chat turns (Gemma 4 turn format).
---out writes one JSON record per prompt (prompt, text, decoder_passes, tokens_per_pass, seconds).
---steps / --seed / --temperature are shorthands for sample.max_denoising_steps, sample.seed and a constant
-temperature (sample.t_max = sample.t_min). Bad settings fail before the checkpoint is read.
+--out writes one JSON record per prompt (prompt, text, decoder_passes, tokens_per_pass, seconds_per_prompt: the
+call's time over its prompts, which run together); --text_out the printed samples. --step samples a run's earlier
+checkpoint. --steps / --seed / --temperature are shorthands for sample.max_denoising_steps, sample.seed and a
+constant temperature (sample.t_max = sample.t_min). Bad settings and unwritable outputs fail before the
+checkpoint is read.
 """
 
 from absl import app, flags
@@ -34,6 +36,9 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "A training workdir, param
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (the same as --checkpoint).")
 _PROMPTS = flags.DEFINE_string("prompts", None, "Prompts file: .txt (one per line) or .jsonl ('prompt' / 'messages').")
 _OUT = flags.DEFINE_string("out", None, "Write one JSON record per prompt here (.jsonl).")
+_TEXT_OUT = flags.DEFINE_string("text_out", None, "Also write the printed samples to this text file.")
+_STEP = flags.DEFINE_integer("step", None, "A training run's checkpoint step to sample (sample.checkpoint_step; "
+                             "default the latest).")
 _CHAT = flags.DEFINE_bool("chat", False, "Render prompts as chat turns (instruction-tuned checkpoints).")
 _STEPS = flags.DEFINE_integer("steps", None, "Max denoising steps per canvas (sample.max_denoising_steps).")
 _SEED = flags.DEFINE_integer("seed", None, "Sampling seed (sample.seed).")
@@ -45,8 +50,8 @@ def main(argv):
   if bool(_CHECKPOINT.value) == bool(_WORKDIR.value):
     raise app.UsageError("pass one of --checkpoint or --workdir")
   api.sample_command(_CHECKPOINT.value or _WORKDIR.value, cli.config(_CONFIG), prompts_file=_PROMPTS.value,
-                     out=_OUT.value, chat=_CHAT.value, steps=_STEPS.value, seed=_SEED.value,
-                     temperature=_TEMPERATURE.value)
+                     out=_OUT.value, text_out=_TEXT_OUT.value, chat=_CHAT.value, steps=_STEPS.value,
+                     seed=_SEED.value, temperature=_TEMPERATURE.value, step=_STEP.value)
 
 
 if __name__ == "__main__":

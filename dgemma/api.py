@@ -30,17 +30,20 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 
 from configs import base
-from dgemma import checkpoints, files, quant, report, tokenizers
+from dgemma import checkpoints, files, jax_cache, quant, report, tokenizers
 from dgemma import data as data_lib
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
+from dgemma.checkpoints import convert as convert_lib
 from dgemma.data import sft
 from dgemma.diffusion import likelihood
-from dgemma.errors import ConfigError
+from dgemma.errors import CheckpointError, ConfigError
 from dgemma.model import Transformer
 from dgemma.sampling import LivePrinter, StepView, ar_generate, check_request, generate, trajectory_steps
+from dgemma.sampling.generation import bucketed_shape
 
 # Groups a caller's config may set on top of a training run's saved config (evaluation only).
 EVAL_GROUPS = ("sample", "eval", "seed", "mesh")
@@ -72,22 +75,27 @@ class CanvasView:
 
 
 class _Streamer:
-  """The step callback of one generate call: forwards steps to on_step and turns them into per-canvas
+  """The step callback of one generate call: forwards steps to on_step (the first `rows` rows: the rest are
+  padding, `bucketed_shape`; with `.texts`, each row's canvas result decoded) and turns them into per-canvas
   views for on_canvas (a canvas is done when the next one starts, and at the end)."""
 
-  def __init__(self, decode, end_ids, on_step, on_canvas):
-    self._decode, self._end_ids = decode, tuple(end_ids)
+  def __init__(self, decode, end_ids, on_step, on_canvas, rows: int):
+    self._decode, self._end_ids, self._rows = decode, tuple(end_ids), rows
     self._on_step, self._on_canvas = on_step, on_canvas
     self._canvas, self._result_BC, self._ran_B = -1, None, None
 
   def __call__(self, view: StepView) -> None:
+    n = self._rows
+    view = dataclasses.replace(view, tokens_BC=view.tokens_BC[:n], accepted_BC=view.accepted_BC[:n],
+                               result_BC=view.result_BC[:n], active_B=view.active_B[:n])
     if view.canvas_idx != self._canvas:
       self.flush()
       self._canvas, self._ran_B = view.canvas_idx, np.zeros(view.active_B.shape, bool)
     self._ran_B = self._ran_B | view.active_B
     self._result_BC = view.result_BC
     if self._on_step is not None:
-      self._on_step(view)
+      self._on_step(dataclasses.replace(view, texts=tuple(self._decode([int(t) for t in row])
+                                                          for row in view.result_BC)))
 
   def flush(self) -> None:
     if self._result_BC is None or self._on_canvas is None:
@@ -113,12 +121,13 @@ def run_config(header: checkpoints.Checkpoint, config: Optional[ml_collections.C
                ) -> ml_collections.ConfigDict:
   """The config a checkpoint is used with (nothing is read but its metadata).
 
-  A run: its config.json, with `sample`, `eval`, `seed` and `mesh` taken from `config` when given. Any
-  other kind: `config` (default configs/base.py) with the checkpoint's architecture, the tokenizer file
-  found beside the weights, and (without `config`) the HF config's canvas length; a Gemma 4 AR directory
-  is an 'ar' model."""
-  if header.kind == "workdir":
-    run = settings_lib.from_json(header.config_json)
+  A run, and a checkpoint that carries a run's settings (its adapter, a conversion or HF export of it): the
+  run's config, with `sample`, `eval`, `seed` and `mesh` taken from `config` when given. Any other kind:
+  `config` (default configs/base.py) with the checkpoint's architecture, the tokenizer file found beside the
+  weights, and (without `config`) the HF config's canvas length and generation_config.json's sampler settings;
+  a Gemma 4 AR directory is an 'ar' model."""
+  if header.config_json is not None:
+    run = settings_lib.from_json(header.config_json, source=f"{header.path} (its run's config)")
     source = config if config is not None else base.get_config()
     for group in EVAL_GROUPS if config is not None else ("mesh",):
       with run.ignore_type():
@@ -139,6 +148,10 @@ def run_config(header: checkpoints.Checkpoint, config: Optional[ml_collections.C
     run.data.seq_len = 2 * canvas  # scoring's default context: one canvas of text before each canvas
     if hf_config and hf_config.get("model_type") != checkpoints.hf.DIFFUSION:
       run.diffusion.objective = "ar"  # a Gemma 4 AR checkpoint: its diffusion head was never trained
+    generation = Path(header.path) / checkpoints.hf.GENERATION_CONFIG
+    if header.kind == "hf" and generation.is_file():
+      for name, value in convert_lib.sample_settings_from_generation_config(files.read_json(generation)).items():
+        _set(run, f"sample.{name}", value)
   return run
 
 
@@ -154,6 +167,7 @@ def load(path: str, *, step: Optional[int] = None, quantize: Optional[str] = Non
   config: settings to use (module docstring). field: how errors name `path` (a command line passes its flag,
     checkpoints.CHECKPOINT_FLAG).
   """
+  jax_cache.enable()
   header = checkpoints.header(path, field)
   run = run_config(header, config)
   if quantize is not None:
@@ -167,8 +181,15 @@ def load(path: str, *, step: Optional[int] = None, quantize: Optional[str] = Non
   settings = settings_lib.from_config(run)  # every check before a weight is read
   jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else mesh_lib.make_mesh(settings.mesh.shape)
   want_step = settings.sample.checkpoint_step if step is None else step
-  ckpt = checkpoints.load(path, step=want_step if header.kind == "workdir" else None, mesh=jax_mesh,
-                          axis_rules=settings.mesh.axis_rules, dtype=dtype)
+  if header.config_json is not None and header.kind != "workdir":
+    # the weights of a run kept elsewhere (its adapter, a conversion or export): laid out as the run's model, with
+    # its dtypes and compute choices, so they generate as the run does
+    if step is not None and step >= 0:
+      raise CheckpointError(f"step: {path} is a {header.kind} checkpoint, which has no training steps")
+    ckpt = checkpoints.load_as(path, settings.model, mesh=jax_mesh, axis_rules=settings.mesh.axis_rules, field=field)
+  else:
+    ckpt = checkpoints.load(path, step=want_step if header.kind == "workdir" else None, mesh=jax_mesh,
+                            axis_rules=settings.mesh.axis_rules, dtype=dtype, field=field)
   return Model(ckpt, run, jax_mesh)
 
 
@@ -176,6 +197,7 @@ class Model:
   """A loaded checkpoint with its settings, tokenizer and (possibly quantized) params."""
 
   def __init__(self, checkpoint: checkpoints.Checkpoint, config: ml_collections.ConfigDict, mesh):
+    self._warned_no_turns = False
     self.checkpoint = checkpoint
     self.config = config
     self.settings = settings_lib.from_config(config)
@@ -190,6 +212,7 @@ class Model:
     """The same weights with other settings (e.g. an ablation's sample / eval overrides), checked; the
     architecture, tokenizer and quantization must stay those the weights were loaded with."""
     other = object.__new__(Model)
+    other._warned_no_turns = self._warned_no_turns
     other.checkpoint, other.config, other.mesh, other.tokenizer = self.checkpoint, _copy(config), self.mesh, self.tokenizer
     other.settings = settings_lib.from_config(other.config)
     diffs = settings_lib.model_differences(self.settings.model, other.settings.model)
@@ -237,8 +260,8 @@ class Model:
     """Generates from one prompt (-> a Generation) or a list of prompts of any lengths (-> a list).
     Row b draws its randomness from fold_in(key(seed), b), as `dgemma.sampling.generate` does."""
     single = isinstance(prompts, str)
-    texts = [prompts] if single else list(prompts)
-    out = self._generate([self.prompt_ids(t) for t in texts], texts, max_new_tokens=max_new_tokens, steps=steps,
+    texts = [prompts] if single else _texts("prompts", prompts)
+    out = self.generate_ids([self.prompt_ids(t) for t in texts], texts, max_new_tokens=max_new_tokens, steps=steps,
                          seed=seed, return_trajectory=return_trajectory, on_step=on_step, on_canvas=on_canvas,
                          **sampler_overrides)
     return out[0] if single else out
@@ -249,24 +272,39 @@ class Model:
     'assistant') or a list of them; generation stops at end-of-turn (sample.end_ids)."""
     single = bool(conversations) and isinstance(conversations[0], Mapping)
     convs = [conversations] if single else list(conversations)
-    out = self._generate([self.chat_ids(c) for c in convs], [c[-1]["content"] if c else "" for c in convs],
-                         max_new_tokens=max_new_tokens, steps=steps, seed=seed, **kwargs)
+    if not tokenizers.chat_turn_ids(self.tokenizer) and not self._warned_no_turns:
+      self._warned_no_turns = True
+      logging.warning("chat: %r has no Gemma 4 turn markers (<|turn>, <turn|>), so turns are rendered as plain "
+                      "text; a model not trained on that format may not answer as in a chat", self.tokenizer)
+    out = self.generate_ids([self.chat_ids(c) for c in convs], [c[-1]["content"] if c else "" for c in convs],
+                            max_new_tokens=max_new_tokens, steps=steps, seed=seed, **kwargs)
     return out[0] if single else out
 
-  def _generate(self, ids: list[list[int]], prompts: list[str], *, max_new_tokens: Optional[int], steps: Optional[int],
-                seed: Optional[int], return_trajectory: bool = False, on_step=None, on_canvas=None,
-                **overrides) -> list[Generation]:
-    """Generation from token ids (the shared body of generate, chat and sample.py); None = the setting."""
+  def generate_ids(self, ids: list[list[int]], prompts: list[str], *, max_new_tokens: Optional[int] = None,
+                   steps: Optional[int] = None, seed: Optional[int] = None, return_trajectory: bool = False,
+                   on_step=None, on_canvas=None, **overrides) -> list[Generation]:
+    """Generation from token ids (the shared body of generate, chat, sample.py and eval/): `ids` one list per
+    row, `prompts` the text reported with each row; None = the setting. The batch and the prompt length are
+    padded to a few sizes (`dgemma.sampling.generation.bucketed_shape`), so prompts of new lengths reuse
+    compiled programs; the tokens are those of the unpadded request."""
     if not ids:
       raise ValueError("prompts: need at least one prompt")
     streaming = on_step is not None or on_canvas is not None
     st = self.call_settings(max_new_tokens=max_new_tokens, steps=steps, seed=seed,
                             live=streaming and not self.objective.autoregressive, **overrides)
-    pad = self.tokenizer.pad_id
-    lengths_B = np.asarray([len(x) for x in ids], np.int32)
-    prompts_BP = np.full((len(ids), int(lengths_B.max())), pad, np.int32)
+    rows, pad = len(ids), self.tokenizer.pad_id
+    prompt_len = max(len(x) for x in ids)
+    if not self.objective.autoregressive:
+      check_request(st.canvas_sampler, batch=rows, prompt_len=prompt_len, max_new_tokens=st.sample.max_new_tokens,
+                    model_cfg=self.model_cfg)
+    batch, length = bucketed_shape(batch=rows, prompt_len=prompt_len, max_new_tokens=st.sample.max_new_tokens,
+                                   canvas_len=1 if self.objective.autoregressive else st.diffusion.canvas_len,
+                                   max_context=st.sample.sampler.max_context)
+    lengths_B = np.ones((batch,), np.int32)  # padding rows: one token, and they start ended
+    prompts_BP = np.full((batch, length), pad, np.int32)
     for b, x in enumerate(ids):
-      prompts_BP[b, :len(x)] = x
+      prompts_BP[b, :len(x)], lengths_B[b] = x, len(x)
+    prompts_BP[rows:, 0] = self.tokenizer.bos_id
     rng = jax.random.key(st.sample.seed)
     model = Transformer(self.model_cfg)
     traj = None
@@ -279,16 +317,16 @@ class Model:
         end_ids = st.sample.end_ids
       else:
         sampler = st.canvas_sampler
-        streamer = _Streamer(self.tokenizer.decode, sampler.end_ids, on_step, on_canvas) if streaming else None
+        streamer = _Streamer(self.tokenizer.decode, sampler.end_ids, on_step, on_canvas, rows) if streaming else None
         out = jax.device_get(generate(model, self.params, prompts_BP, lengths_B, sampler, rng,
                                       st.sample.max_new_tokens, return_trajectory=return_trajectory,
-                                      step_callback=streamer))
+                                      step_callback=streamer, row_active_B=np.arange(batch) < rows))
         if streamer is not None:
           streamer.flush()
         tokens_BN, lengths_out_B, passes_B = out.tokens_BN, out.lengths_B, out.num_forwards_B
         traj, end_ids = out.trajectory, sampler.end_ids
     results = []
-    for b in range(len(ids)):
+    for b in range(rows):
       token_ids = [int(t) for t in tokens_BN[b, :lengths_out_B[b]]]
       ended = bool(token_ids) and token_ids[-1] in end_ids
       body = token_ids[:-1] if ended else token_ids
@@ -312,8 +350,11 @@ class Model:
     for name, value in eval_overrides.items():
       _set(config, f"eval.{name}", value)
     st = settings_lib.from_config(config)
-    docs = [likelihood.cut_document(t, self.tokenizer, st.eval.max_tokens)
-            for t in ([texts] if isinstance(texts, str) else texts)]
+    texts = [texts] if isinstance(texts, str) else _texts("texts", texts)
+    for i, text in enumerate(texts):
+      if not text.strip():
+        raise ValueError(f"texts[{i}]: an empty document has no tokens to score")
+    docs = [likelihood.cut_document(t, self.tokenizer, st.eval.max_tokens) for t in texts]
     with mesh_lib.mesh_context(self.mesh, st.mesh.axis_rules):
       out = likelihood.score_documents(self.params, self.model_cfg, st.diffusion, st.eval, docs,
                                        seq_len=st.data.seq_len, pad_id=self.tokenizer.pad_id,
@@ -349,6 +390,17 @@ def call_settings(config: ml_collections.ConfigDict, *, max_new_tokens: Optional
   return settings_lib.from_config(config)
 
 
+def _texts(field: str, values) -> list[str]:
+  """`values` as a list of strings; anything else is an error naming the item (`field[i]`)."""
+  if isinstance(values, (bytes, bytearray)) or not isinstance(values, Sequence):
+    raise ValueError(f"{field}: expected a string or a list of strings, got {type(values).__name__}")
+  for i, value in enumerate(values):
+    if not isinstance(value, str):
+      hint = " (decode bytes first: b.decode('utf-8'))" if isinstance(value, (bytes, bytearray)) else ""
+      raise ValueError(f"{field}[{i}]: expected a string, got {type(value).__name__}{hint}")
+  return list(values)
+
+
 def encode_prompt(tokenizer: tokenizers.Tokenizer, prompt: str) -> list[int]:
   """[BOS] + the prompt's ids."""
   return [tokenizer.bos_id] + tokenizer.encode(prompt)
@@ -362,7 +414,7 @@ def encode_chat(tokenizer: tokenizers.Tokenizer, conversation: Conversation) -> 
     if not (isinstance(message, Mapping) and isinstance(message.get("role"), str)
             and isinstance(message.get("content"), str)):
       raise ValueError(f"messages[{i}]: expected {{'role': str, 'content': str}}, got {message!r}")
-    turns.append([sft.ROLE_ALIASES.get(message["role"], message["role"]), message["content"]])
+    turns.append([sft.canonical_role(message["role"], f"messages[{i}]"), message["content"]])
   if not turns:
     raise ValueError("messages: a conversation needs at least one turn")
   return sft.render_turns(tokenizer, turns)
@@ -410,17 +462,24 @@ def read_prompts(path: str, field: str = "--prompts") -> list[Union[str, list]]:
 
 
 def sample_command(checkpoint: str, config: Optional[ml_collections.ConfigDict] = None, *,
-                   prompts_file: Optional[str] = None, out: Optional[str] = None, chat: bool = False,
-                   steps: Optional[int] = None, seed: Optional[int] = None, temperature: Optional[float] = None,
+                   prompts_file: Optional[str] = None, out: Optional[str] = None, text_out: Optional[str] = None,
+                   chat: bool = False, steps: Optional[int] = None, seed: Optional[int] = None,
+                   temperature: Optional[float] = None, step: Optional[int] = None,
                    print_fn=print) -> list[Generation]:
   """What sample.py runs: prompts (the file's, else sample.prompt x sample.num_samples) through `load` and
-  generate / chat; prints each result, writes `out` (JSONL: prompt, text, decoder passes, tokens per pass,
-  seconds) and, for a training run, WORKDIR/samples.txt; sample.trajectory_html gets the first row's
-  first canvas. Prompts are chat turns with --chat, for .jsonl 'messages', and for runs trained on SFT rows."""
+  generate / chat; prints each result, writes `out` (JSONL: prompt, text, decoder passes, tokens per pass, the
+  call's seconds per prompt) and `text_out` (what was printed); sample.trajectory_html gets the first row's
+  first canvas. `step`: a run's checkpoint step (sample.checkpoint_step). Prompts are chat turns with --chat, for
+  .jsonl 'messages', and for runs trained on SFT rows; a chat reply is printed on its own line."""
   # Everything that can be wrong with the request fails here, before a weight is read.
+  for flag, path in (("--out", out), ("--text_out", text_out)):
+    if path:
+      files.check_writable(path, flag)
   items = read_prompts(prompts_file) if prompts_file else None
   header = checkpoints.header(checkpoint, checkpoints.CHECKPOINT_FLAG)
   st = call_settings(run_config(header, config), steps=steps, seed=seed, temperature=temperature)
+  if st.sample.trajectory_html:
+    files.check_writable(st.sample.trajectory_html, "sample.trajectory_html")
   tokenizer = tokenizer_for(st, header)
   as_chat = chat or st.data.format == "sft"
   if items is None:
@@ -431,29 +490,29 @@ def sample_command(checkpoint: str, config: Optional[ml_collections.ConfigDict] 
   if st.sample.infill:
     raise ConfigError("sample.infill: sample.py does not infill; use dgemma.sampling.generate(..., infill_tokens_BN, "
                       "infill_mask_BN) or eval.sudoku")
-  if not st.objective.autoregressive:  # the prompts against sample.max_context
+  if not st.objective.autoregressive:  # the prompts against sample.max_context and the free memory
     check_request(st.canvas_sampler, batch=len(ids), prompt_len=max(len(x) for x in ids),
-                  max_new_tokens=st.sample.max_new_tokens)
-  model = load(checkpoint, config=config, field=checkpoints.CHECKPOINT_FLAG)
+                  max_new_tokens=st.sample.max_new_tokens, model_cfg=header.model)
+  model = load(checkpoint, step=step, config=config, field=checkpoints.CHECKPOINT_FLAG)
   live = st.sample.sampler.show == "live" and not model.objective.autoregressive
   printer = LivePrinter(model.tokenizer.decode, texts, total_steps=st.sample.sampler.max_denoising_steps,
                         end_ids=st.sample.end_ids) if live else None
   start = time.perf_counter()
-  results = model._generate(ids, texts, max_new_tokens=None, steps=steps, seed=seed, temperature=temperature,  # pylint: disable=protected-access
-                            return_trajectory=bool(st.sample.trajectory_html), on_step=printer)
+  results = model.generate_ids(ids, texts, steps=steps, seed=seed, temperature=temperature,
+                               return_trajectory=bool(st.sample.trajectory_html), on_step=printer)
   seconds = time.perf_counter() - start
   lines = []
   for b, r in enumerate(results):
     where = f"step {model.step}, " if model.step is not None else ""
     lines.append(f"--- sample {b} ({where}{r.num_forwards} decoder passes, {r.tokens_per_forward:.2f} tokens/pass) ---")
-    lines.append(r.prompt + r.text)
+    lines.extend([r.prompt, r.text] if as_chat or isinstance(items[b], list) else [r.prompt + r.text])
   print_fn("\n".join(lines))
-  if model.checkpoint.kind == "workdir":
-    files.write_text_atomic(Path(checkpoint) / "samples.txt", "\n".join(lines) + "\n")
-  if out:
+  if text_out:
+    files.write_text_atomic(text_out, "\n".join(lines) + "\n")
+  if out:  # the rows run together: each record gets the call's time divided by its rows
     files.write_text_atomic(out, "".join(json.dumps({
         "prompt": r.prompt, "text": r.text, "decoder_passes": r.num_forwards, "tokens_per_pass": r.tokens_per_forward,
-        "seconds": seconds / len(results)}, ensure_ascii=False) + "\n" for r in results))
+        "seconds_per_prompt": seconds / len(results)}, ensure_ascii=False) + "\n" for r in results))
   if st.sample.trajectory_html and results[0].trajectory is not None:
     write_trajectory_html(results[0].trajectory, model.tokenizer, st.sample.trajectory_html, prompt=results[0].prompt)
     print_fn(f"trajectory written to {st.sample.trajectory_html}")

@@ -72,12 +72,23 @@ def run(checkpoint: str, config: Optional[ml_collections.ConfigDict], *, step: i
     out.update(compare(out, dgemma.load(settings.eval.reference, field=REFERENCE_FIELD), texts,
                        max_tokens=model.settings.eval.max_tokens))
   print_fn(json.dumps({k: v for k, v in out.items() if k not in PER_CANVAS}, indent=2))
+  if out.get("measure") == "nelbo_bound" and out["nats_per_token"] > out["uniform_nats_per_token"]:
+    print_fn(loose_bound_note(out))
   if model.settings.eval.out:
     files.write_text_atomic(model.settings.eval.out, json.dumps(out, indent=2) + "\n")
   return out
 
 
 PER_CANVAS = ("canvas_nats", "canvas_tokens")
+
+
+def loose_bound_note(out: dict) -> str:
+  """What a bound above the uniform baseline means (docs/model.md, section 6)."""
+  return (f"note: the bound, {out['nats_per_token']:.3f} nats/token, is above the uniform baseline log V = "
+          f"{out['uniform_nats_per_token']:.3f} (a model that knows nothing). It is an upper bound, tight only when the "
+          f"network's x_theta is close to the true leave-one-out distribution; a model trained with a posterior "
+          f"objective ({out['objective']}) briefly or on little data can be far from it. Compare checkpoints with "
+          "the same objective, or train with a loo_* objective for a tight bound (docs/model.md, section 6)")
 REFERENCE_FIELD = "eval.reference (--reference)"
 
 

@@ -209,7 +209,7 @@ def sample_metrics(model: dgemma.Model, reference: Optional[dgemma.Model] = None
     ref = _load_reference(st.eval.reference)
   if ref is not None:
     check_reference(ref, model)
-  call = lambda: model._generate(ids, texts, max_new_tokens=None, steps=None, seed=None)  # pylint: disable=protected-access
+  call = lambda: model.generate_ids(ids, texts)
   (_, first_s), (results, wall_s) = _timed(call), _timed(call)
   ar = model.objective.autoregressive
   canvases = st.sample.max_new_tokens if ar else num_canvases(st.sample.max_new_tokens, st.diffusion.canvas_len)

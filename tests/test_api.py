@@ -3,6 +3,7 @@ the lower-level functions on the same params and key; the tokenizer that belongs
 on a converted checkpoint end to end."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,12 @@ import sentencepiece as spm
 import dgemma
 from dgemma import api, checkpoints, quant, tokenizers
 from dgemma import settings as settings_lib
-from dgemma.checkpoints import hf
+from dgemma.checkpoints import convert
 from dgemma.data import sft
 from dgemma.errors import ConfigError
 from dgemma.model import Transformer
 from dgemma.sampling import generate
+from dgemma.sampling.generation import bucketed_shape
 from eval import likelihood as eval_likelihood
 from configs.models import tiny
 from dgemma.model import ModelConfig
@@ -73,16 +75,23 @@ def loaded(hf_dirs, tmp_path_factory):
   """The SentencePiece HF directory loaded directly, and after conversion."""
   sp_dir, _ = hf_dirs
   converted = tmp_path_factory.mktemp("ckpt") / "dgemma"
-  hf.import_hf(sp_dir, converted)
+  convert.to_params(sp_dir, converted)
   return dgemma.load(str(sp_dir)), dgemma.load(str(converted)), converted
 
 
-def _pad(ids, pad_id):
-  lengths = np.asarray([len(x) for x in ids], np.int32)
-  out = np.full((len(ids), lengths.max()), pad_id, np.int32)
+def _bucketed(model, ids, max_new_tokens):
+  """(prompts_BP, lengths_B, row_active_B) as the API pads a request (bucketed_shape; padding rows: BOS, inactive).
+  That padding changes no token is tests/sampling/test_generation_buckets.py's (in float64); here the API's
+  plumbing is compared with the low-level generate on the same shapes, so fp32 results are equal exactly."""
+  batch, length = bucketed_shape(batch=len(ids), prompt_len=max(map(len, ids)), max_new_tokens=max_new_tokens,
+                                 canvas_len=model.settings.diffusion.canvas_len,
+                                 max_context=model.settings.sample.sampler.max_context)
+  out = np.full((batch, length), model.tokenizer.pad_id, np.int32)
+  out[:, 0] = model.tokenizer.bos_id
+  lengths = np.ones((batch,), np.int32)
   for b, x in enumerate(ids):
-    out[b, :len(x)] = x
-  return out, lengths
+    out[b, :len(x)], lengths[b] = x, len(x)
+  return out, lengths, np.arange(batch) < len(ids)
 
 
 def test_loads_an_hf_directory_directly_and_converted_with_its_tokenizer(loaded):
@@ -103,10 +112,10 @@ def test_generate_a_batch_of_prompts_equals_the_low_level_generate(loaded):
   prompts = ["the king speaks of love and death", "hence"]
   outs = model.generate(prompts, max_new_tokens=16, steps=3, seed=7)
   ids = [model.prompt_ids(p) for p in prompts]
-  prompts_BP, lengths_B = _pad(ids, model.tokenizer.pad_id)
+  prompts_BP, lengths_B, active_B = _bucketed(model, ids, 16)
   sampler = model.call_settings(max_new_tokens=16, steps=3).sample.sampler
   ref = jax.device_get(generate(Transformer(model.model_cfg), model.params, prompts_BP, lengths_B, sampler,
-                                jax.random.key(7), 16))
+                                jax.random.key(7), 16, row_active_B=active_B))
   for b, out in enumerate(outs):
     assert out.prompt == prompts[b]
     assert out.token_ids == ref.tokens_BN[b, :ref.lengths_B[b]].tolist()
@@ -126,7 +135,7 @@ def test_chat_renders_turns_and_equals_the_low_level_generate(loaded):
   assert ids.count(start) == 4 and ids.count(end) == 3  # three closed turns, the model's opened
   assert model.chat_ids(conversation) == ids
   sampler = model.call_settings(max_new_tokens=16, steps=3).sample.sampler
-  ref = jax.device_get(generate(Transformer(model.model_cfg), model.params, np.asarray([ids]), np.asarray([len(ids)]),
+  ref = jax.device_get(generate(Transformer(model.model_cfg), model.params, *_bucketed(model, [ids], 16)[:2],
                                 sampler, jax.random.key(1), 16))
   assert out.token_ids == ref.tokens_BN[0, :ref.lengths_B[0]].tolist()
   both = model.chat([conversation, conversation[:1]], max_new_tokens=16, steps=3, seed=1)  # a batch of chats
@@ -154,10 +163,16 @@ def _likelihood_texts_and_config(model, tmp_path):
 def test_score_equals_eval_likelihood(loaded, tmp_path):
   model, _, _ = loaded
   texts, config = _likelihood_texts_and_config(model, tmp_path)
-  cli = eval_likelihood.run(model.path, config, print_fn=lambda *_: None)
+  printed = []
+  cli = eval_likelihood.run(model.path, config, print_fn=printed.append)
   scored = model.score(texts, num_t_samples=2)
   for key in ("nats_per_token", "bits_per_byte", "perplexity", "tokens", "total_nats", "nats_per_token_se"):
     assert scored[key] == cli[key], key
+  # the uniform baseline beside the bound; a bound above it (this random model's) gets the note pointing to the docs
+  assert cli["uniform_nats_per_token"] == pytest.approx(np.log(model.model_cfg.vocab_size), rel=1e-12)
+  above = cli["nats_per_token"] > cli["uniform_nats_per_token"]
+  assert above and len(printed) == 2 and printed[1] == eval_likelihood.loose_bound_note(cli)
+  assert "docs/model.md, section 6" in printed[1]
 
 
 def test_eval_likelihood_against_a_reference(loaded, tmp_path):
@@ -193,7 +208,7 @@ def test_tokenizer_json_only(hf_dirs, tmp_path):
   assert model.prompt_ids(text)[0] == model.tokenizer.bos_id == 2
   out = model.generate(text, max_new_tokens=8, steps=2)
   assert out.num_forwards > 0
-  hf.import_hf(json_dir, tmp_path / "ckpt")
+  convert.to_params(json_dir, tmp_path / "ckpt")
   assert checkpoints.header(tmp_path / "ckpt").tokenizer_file.name == "tokenizer.json"
 
 
@@ -273,9 +288,97 @@ def test_sample_py_on_a_converted_checkpoint_with_prompts_and_out(loaded, tmp_pa
   assert r.returncode == 0, r.stderr[-3000:]
   records = [json.loads(line) for line in out.read_text().splitlines()]
   assert [r["prompt"] for r in records] == ["the king", "speak"]
-  assert all(set(r) == {"prompt", "text", "decoder_passes", "tokens_per_pass", "seconds"} for r in records)
+  assert all(set(r) == {"prompt", "text", "decoder_passes", "tokens_per_pass", "seconds_per_prompt"} for r in records)
   assert all(r["decoder_passes"] > 0 for r in records)
   bad = subprocess.run([sys.executable, "sample.py", f"--checkpoint={path}", "--temperature=-1"], cwd=REPO,
                        capture_output=True, text=True, timeout=600)
   assert bad.returncode != 0 and "sample.py: --temperature: must be > 0" in bad.stderr
   assert "Traceback" not in bad.stderr
+
+
+def test_bad_inputs_are_one_error_naming_the_argument_before_any_work(loaded, monkeypatch):
+  from dgemma.sampling import generation
+  model = loaded[0]
+  monkeypatch.setattr(generation, "_generate_jit", lambda *a, **k: pytest.fail("reached the sampler"))
+  monkeypatch.setattr(api, "ar_generate", lambda *a, **k: pytest.fail("reached the sampler"))
+  for prompts, pattern in (([None], r"prompts\[0\]: expected a string, got NoneType"),
+                           (b"x", "prompts: expected a string or a list of strings, got bytes"),
+                           (["a", b"x"], r"prompts\[1\]: expected a string, got bytes \(decode bytes first")):
+    with pytest.raises(ValueError, match=pattern):
+      model.generate(prompts)
+  with pytest.raises(ValueError, match=r"messages\[1\]: role 'wizard' is not one of"):
+    model.chat([{"role": "user", "content": "hi"}, {"role": "wizard", "content": "hi"}])
+  with pytest.raises(ConfigError, match=r"sample.max_new_tokens=1000000000 .* does not fit sample.max_context=262144 "
+                                        r"positions even after a one-token prompt; lower it to at most 262136"):
+    model.generate("x", max_new_tokens=10**9)
+  # a prompt whose prompt-encode buffers cannot fit: refused with the numbers, before anything is allocated
+  free = 2**30
+  monkeypatch.setattr(generation.mesh_lib, "free_memory_bytes", lambda: free)
+  need = generation.request_bytes(model.model_cfg, model.call_settings().canvas_sampler, batch=1, prompt_len=20_001,
+                                  max_new_tokens=16)
+  assert sum(need.values()) > free
+  with pytest.raises(ConfigError, match=r"prompt: 1 row\(s\) of a 20001-token prompt \+ 2 canvas\(es\) of 8 need about "
+                                        r"\d+\.\d GiB \(kv cache .* GiB, prompt attention scores .* GiB\), more than the "
+                                        r"1\.0 GiB of free memory"):
+    model.generate_ids([[2] * 20_001], ["long"], max_new_tokens=16)
+
+
+def test_score_refuses_an_empty_document_before_scoring(loaded, monkeypatch):
+  from dgemma.diffusion import likelihood
+  model = loaded[0]
+  monkeypatch.setattr(likelihood, "score_documents", lambda *a, **k: pytest.fail("scored"))
+  for texts in ([""], ["some text", "  \n"]):
+    with pytest.raises(ValueError, match=rf"texts\[{len(texts) - 1}\]: an empty document has no tokens to score"):
+      model.score(texts)
+
+
+def test_on_step_views_carry_texts_and_only_the_requests_rows(loaded):
+  model = loaded[0]
+  steps = []
+  outs = model.generate(["the king", "hence", "love"], max_new_tokens=8, steps=2, seed=2, on_step=steps.append)
+  assert steps and all(len(v.texts) == 3 and v.result_BC.shape[0] == 3 for v in steps)  # not the padded 4
+  last = steps[-1]
+  assert last.texts == tuple(model.tokenizer.decode([int(t) for t in row]) for row in last.result_BC)
+  assert len(outs) == 3
+
+
+def test_chat_on_a_tokenizer_without_turn_markers_warns_once(tiny_run, caplog):
+  model = dgemma.load(str(tiny_run[0]))  # the byte tokenizer: no <|turn> / <turn|>
+  conversation = [{"role": "user", "content": "hi"}]
+  for _ in range(2):
+    model.chat(conversation, max_new_tokens=8, steps=2)
+  warned = [r for r in caplog.records if "has no Gemma 4 turn markers" in r.getMessage()]
+  assert len(warned) == 1 and warned[0].levelname == "WARNING"
+
+
+def test_sample_command_checks_its_outputs_before_reading_weights(loaded, tmp_path, monkeypatch):
+  _, _, path = loaded
+  monkeypatch.setattr(checkpoints, "load", lambda *a, **k: pytest.fail("read weights"))
+  (tmp_path / "adir").mkdir()
+  with pytest.raises(ConfigError, match=r"--out: .*adir is a directory; name a file"):
+    api.sample_command(str(path), out=str(tmp_path / "adir"))
+  (tmp_path / "ro").mkdir()
+  (tmp_path / "ro").chmod(0o500)
+  try:
+    if not os.access(tmp_path / "ro", os.W_OK):  # (root may write anywhere)
+      with pytest.raises(ConfigError, match=r"--text_out: cannot write .*ro/x.txt: no write permission in"):
+        api.sample_command(str(path), text_out=str(tmp_path / "ro" / "x.txt"))
+  finally:
+    (tmp_path / "ro").chmod(0o700)
+  (tmp_path / "afile").write_text("")
+  with pytest.raises(ConfigError, match=r"--out: cannot create .*afile/out.jsonl: .*afile is a file"):
+    api.sample_command(str(path), out=str(tmp_path / "afile" / "out.jsonl"))
+
+
+def test_sample_command_prints_a_chat_reply_on_its_own_line_and_writes_what_is_asked(loaded, tmp_path):
+  _, _, path = loaded
+  prompts = tmp_path / "p.jsonl"
+  prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Speak, ghost."}]}) + "\n")
+  printed = []
+  results = api.sample_command(str(path), prompts_file=str(prompts), steps=2, text_out=str(tmp_path / "s.txt"),
+                               out=str(tmp_path / "o.jsonl"), print_fn=printed.append)
+  header, prompt, reply = printed[0].split("\n", 2)
+  assert header.startswith("--- sample 0 (") and prompt == "Speak, ghost." and reply == results[0].text  # not glued
+  assert (tmp_path / "s.txt").read_text() == printed[0] + "\n"
+  record = json.loads((tmp_path / "o.jsonl").read_text())
+  assert record["seconds_per_prompt"] > 0 and "seconds" not in record

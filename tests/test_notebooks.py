@@ -32,8 +32,10 @@ def test_notebook_executes(name, corpus_file, tmp_path, monkeypatch):
   notebook = nbformat.read(REPO / "notebooks" / name, as_version=4)
   first = notebook.cells[1].source
   assert "find_spec(\"dgemma\")" in first and "pip\", \"install\"" in first  # Colab: installs itself when needed
+  # started where Jupyter starts it (the notebook's folder), the notebook moves to the repository root
   NotebookClient(notebook, timeout=900, kernel_name="python3",
-                 resources={"metadata": {"path": str(REPO)}}).execute()
+                 resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
   outputs = "".join(str(o.get("text", "")) for cell in notebook.cells for o in cell.get("outputs", []))
   assert "Traceback" not in outputs
+  assert f"working directory {REPO}\n" in outputs
   assert any(p.suffix == ".png" for p in (tmp_path / "out").rglob("*")) or name == "finetune_head.ipynb"

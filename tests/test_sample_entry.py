@@ -33,7 +33,7 @@ def test_sample_py_end_to_end(trained_workdir, tmp_path):
   assert frames >= 2 and "canvas 1, step 1/3" in out.stdout and live.ACCEPTED in out.stdout
   page = html.read_text()
   assert page.count('class="step"') >= 1 and "accepted" in page
-  assert (trained_workdir / "samples.txt").exists()
+  assert not (trained_workdir / "samples.txt").exists()  # written only when asked (--text_out)
 
 
 def test_sampling_is_deterministic_and_uses_the_checkpoint(trained_workdir):

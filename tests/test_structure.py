@@ -13,6 +13,7 @@ LAYERS = {
     "dgemma.errors": 0, "dgemma.files": 0, "dgemma.reductions": 0,
     "dgemma.model": 1, "dgemma.tokenizers": 1,
     "dgemma.diffusion": 2, "dgemma.quant": 2, "dgemma.finetune": 2, "dgemma.mesh": 2, "dgemma.distributed": 2,
+    "dgemma.jax_cache": 2,
     "dgemma.data": 2,
     "dgemma.sampling": 3,
     "dgemma.settings": 4,
