@@ -33,13 +33,13 @@ import numpy as np
 from absl import logging
 
 from configs import base
-from dgemma import checkpoints, files, jax_cache, quant, report, tokenizers
+from dgemma import checkpoints, fields, files, jax_cache, quant, report, tokenizers
 from dgemma import data as data_lib
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import convert as convert_lib
 from dgemma.data import sft
-from dgemma.diffusion import likelihood
+from dgemma.diffusion import likelihood, objectives
 from dgemma.errors import CheckpointError, ConfigError
 from dgemma.model import Transformer
 from dgemma.sampling import LivePrinter, StepView, ar_generate, check_request, generate, trajectory_steps
@@ -119,21 +119,22 @@ _set = settings_lib.set_key
 
 def run_config(header: checkpoints.Checkpoint, config: Optional[ml_collections.ConfigDict] = None
                ) -> ml_collections.ConfigDict:
-  """The config a checkpoint is used with (nothing is read but its metadata).
+  """The raw config a checkpoint is used with (nothing is read but its metadata): what a command line or an
+  evaluation tool assembles before `run_settings` checks it.
 
   A run, and a checkpoint that carries a run's settings (its adapter, a conversion or HF export of it): the
   run's config, with `sample`, `eval`, `seed` and `mesh` taken from `config` when given. Any other kind:
-  `config` (default configs/base.py) with the checkpoint's architecture, the tokenizer file found beside the
+  `config` (default: every default) with the checkpoint's architecture, the tokenizer file found beside the
   weights, and (without `config`) the HF config's canvas length and generation_config.json's sampler settings;
   a Gemma 4 AR directory is an 'ar' model."""
   if header.config_json is not None:
     run = settings_lib.from_json(header.config_json, source=f"{header.path} (its run's config)")
-    source = config if config is not None else base.get_config()
+    source = config if config is not None else settings_lib.default_config()
     for group in EVAL_GROUPS if config is not None else ("mesh",):
       with run.ignore_type():
         run[group] = _copy(source[group]) if isinstance(source[group], ml_collections.ConfigDict) else source[group]
     return run
-  run = _copy(config) if config is not None else base.get_config()
+  run = _copy(config) if config is not None else settings_lib.default_config()
   run.model = ml_collections.ConfigDict(header.model.to_dict())
   if header.tokenizer_file is not None:
     run.data.tokenizer.kind, run.data.tokenizer.path = "file", str(header.tokenizer_file)
@@ -155,72 +156,91 @@ def run_config(header: checkpoints.Checkpoint, config: Optional[ml_collections.C
   return run
 
 
-def load(path: str, *, step: Optional[int] = None, quantize: Optional[str] = None, mesh=None,
-         dtype: Optional[str] = None, config: Optional[ml_collections.ConfigDict] = None,
-         field: str = "path") -> "Model":
-  """Loads the params of any checkpoint kind (module docstring).
-
-  step: a run's training step (default: sample.checkpoint_step, -1 = the latest).
-  quantize: 'int8' | 'int4' | 'int4_experts' weight-only quantization at load (sample.quantize).
-  mesh: a jax Mesh, or {axis: size} over (data, fsdp, expert, tensor) (default: config.mesh, data-parallel
-    over this host's devices). dtype: 'float32' | 'bfloat16' parameters and compute.
-  config: settings to use (module docstring). field: how errors name `path` (a command line passes its flag,
-    checkpoints.CHECKPOINT_FLAG).
-  """
-  jax_cache.enable()
-  header = checkpoints.header(path, field)
+def run_settings(header: checkpoints.Checkpoint, config: Optional[ml_collections.ConfigDict] = None, *,
+                 quantize: Optional[str] = None, dtype: Optional[str] = None,
+                 mesh: Optional[Mapping] = None) -> settings_lib.Settings:
+  """The checked Settings a checkpoint is used with (`run_config`, with load's quantize / dtype / mesh sizes)."""
   run = run_config(header, config)
   if quantize is not None:
     _set(run, "sample.quantize", quantize)
   if dtype is not None:
     _set(run, "model.dtype", dtype)
     _set(run, "model.param_dtype", dtype)
-  if isinstance(mesh, Mapping):
-    for axis, size in mesh.items():
-      run.mesh.shape[axis] = int(size)
-  settings = settings_lib.from_config(run)  # every check before a weight is read
-  jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else mesh_lib.make_mesh(settings.mesh.shape)
+  for axis, size in (mesh or {}).items():
+    _set(run, f"mesh.shape.{axis}", int(size))
+  return settings_lib.from_config(run)
+
+
+def load(path: str, *, step: Optional[int] = None, quantize: Optional[str] = None, mesh=None,
+         dtype: Optional[str] = None, config: Optional[ml_collections.ConfigDict] = None,
+         settings: Optional[settings_lib.Settings] = None, field: str = "path") -> "Model":
+  """Loads the params of any checkpoint kind (module docstring).
+
+  step: a run's training step (default: sample.checkpoint_step, -1 = the latest).
+  quantize: 'int8' | 'int4' | 'int4_experts' weight-only quantization at load (sample.quantize).
+  mesh: a jax Mesh, or {axis: size} over (data, fsdp, expert, tensor) (default: config.mesh, data-parallel
+    over this host's devices). dtype: 'float32' | 'bfloat16' parameters and compute.
+  config: a raw config to use (module docstring); settings: checked Settings to use instead (`run_settings`).
+  field: how errors name `path` (a command line passes its flag, checkpoints.CHECKPOINT_FLAG).
+  """
+  jax_cache.enable()
+  header = checkpoints.header(path, field)
+  if settings is None:  # every check before a weight is read
+    settings = run_settings(header, config, quantize=quantize, dtype=dtype,
+                            mesh=mesh if isinstance(mesh, Mapping) else None)
+  return load_with(header, settings, step=step, mesh=mesh if isinstance(mesh, jax.sharding.Mesh) else None,
+                   field=field)
+
+
+def load_with(header: checkpoints.Checkpoint, settings: settings_lib.Settings, *, step: Optional[int] = None,
+              mesh=None, tokenizer: Optional[tokenizers.Tokenizer] = None, field: str = "path") -> "Model":
+  """The weights `header` describes, with `settings` (and the `tokenizer` already built for them, if any): what
+  `load` does once the settings are checked, for callers that hold them (sample.py's request)."""
+  jax_mesh = mesh if mesh is not None else mesh_lib.make_mesh(settings.mesh.shape)
+  if header.kind != "workdir" and step is not None and step >= 0:
+    raise CheckpointError(f"step: {header.path} is a {header.kind} checkpoint, which has no training steps")
   want_step = settings.sample.checkpoint_step if step is None else step
-  if header.config_json is not None and header.kind != "workdir":
-    # the weights of a run kept elsewhere (its adapter, a conversion or export): laid out as the run's model, with
-    # its dtypes and compute choices, so they generate as the run does
-    if step is not None and step >= 0:
-      raise CheckpointError(f"step: {path} is a {header.kind} checkpoint, which has no training steps")
-    ckpt = checkpoints.load_as(path, settings.model, mesh=jax_mesh, axis_rules=settings.mesh.axis_rules, field=field)
-  else:
-    ckpt = checkpoints.load(path, step=want_step if header.kind == "workdir" else None, mesh=jax_mesh,
-                            axis_rules=settings.mesh.axis_rules, dtype=dtype, field=field)
-  return Model(ckpt, run, jax_mesh)
+  # laid out as the settings' model (its dtypes and compute choices: a run's, also for the weights of a run kept
+  # elsewhere, its adapter, conversion or export), so they generate as the run does
+  ckpt = checkpoints.load_as(header.path, settings.model, step=want_step if header.kind == "workdir" else None,
+                             mesh=jax_mesh, axis_rules=settings.mesh.axis_rules, field=field)
+  return Model(ckpt, settings, jax_mesh, tokenizer=tokenizer)
 
 
 class Model:
   """A loaded checkpoint with its settings, tokenizer and (possibly quantized) params."""
 
-  def __init__(self, checkpoint: checkpoints.Checkpoint, config: ml_collections.ConfigDict, mesh):
+  def __init__(self, checkpoint: checkpoints.Checkpoint, settings: settings_lib.Settings, mesh,
+               tokenizer: Optional[tokenizers.Tokenizer] = None):
     self._warned_no_turns = False
     self.checkpoint = checkpoint
-    self.config = config
-    self.settings = settings_lib.from_config(config)
+    self.settings = settings
     self.mesh = mesh
-    self.tokenizer = tokenizer_for(self.settings, checkpoint)
-    if self.tokenizer.vocab_size > self.settings.model.vocab_size:
-      raise ConfigError(f"model.vocab_size: {self.settings.model.vocab_size} is smaller than the tokenizer's "
+    self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(settings, checkpoint)
+    if self.tokenizer.vocab_size > settings.model.vocab_size:
+      raise ConfigError(f"model.vocab_size: {settings.model.vocab_size} is smaller than the tokenizer's "
                         f"vocabulary ({self.tokenizer.vocab_size}, {self.tokenizer!r})")
-    self.params = quant.quantize_params(checkpoint.params, self.settings.sample.quant)
+    self.params = quant.quantize_params(checkpoint.params, settings.sample.quant)
+
+  def with_settings(self, settings: settings_lib.Settings) -> "Model":
+    """The same weights with other settings (e.g. an ablation's sample / eval overrides); the architecture,
+    tokenizer and quantization must stay those the weights were loaded with."""
+    diffs = settings_lib.model_differences(self.settings.model, settings.model)
+    if diffs or settings.sample.quant != self.settings.sample.quant:
+      raise ConfigError(f"with_settings: the architecture or sample.quantize differs from the loaded weights "
+                        f"({'; '.join(diffs) or 'quantization'}); load the checkpoint again")
+    other = object.__new__(Model)
+    other.__dict__.update(self.__dict__)
+    other.settings = settings
+    return other
 
   def with_config(self, config: ml_collections.ConfigDict) -> "Model":
-    """The same weights with other settings (e.g. an ablation's sample / eval overrides), checked; the
-    architecture, tokenizer and quantization must stay those the weights were loaded with."""
-    other = object.__new__(Model)
-    other._warned_no_turns = self._warned_no_turns
-    other.checkpoint, other.config, other.mesh, other.tokenizer = self.checkpoint, _copy(config), self.mesh, self.tokenizer
-    other.settings = settings_lib.from_config(other.config)
-    diffs = settings_lib.model_differences(self.settings.model, other.settings.model)
-    if diffs or other.settings.sample.quant != self.settings.sample.quant:
-      raise ConfigError(f"with_config: the architecture or sample.quantize differs from the loaded weights "
-                        f"({'; '.join(diffs) or 'quantization'}); load the checkpoint again")
-    other.params = self.params
-    return other
+    """`with_settings` of a raw config (checked)."""
+    return self.with_settings(settings_lib.from_config(config))
+
+  def with_overrides(self, **dotted) -> "Model":
+    """`with_settings` of these settings with single keys replaced: model.with_overrides(**{"eval.seed": 3})."""
+    return self.with_settings(self.settings.replace(**dotted))
 
   @property
   def model_cfg(self):
@@ -246,7 +266,7 @@ class Model:
 
   def call_settings(self, **kwargs) -> settings_lib.Settings:
     """These settings with this call's sample.* overrides (`call_settings` below)."""
-    return call_settings(self.config, **kwargs)
+    return call_settings(self.settings, **kwargs)
 
   def prompt_ids(self, prompt: str) -> list[int]:
     return encode_prompt(self.tokenizer, prompt)
@@ -346,10 +366,8 @@ class Model:
     """The likelihood of `texts` (each a document): the NELBO bound (diffusion) or the exact NLL (AR), in
     nats/token, bits per UTF-8 byte and perplexity, with standard errors: the numbers eval.likelihood
     reports. eval.* keys as keywords (num_t_samples=16, context_len=..., seed=...)."""
-    config = _copy(self.config)
-    for name, value in eval_overrides.items():
-      _set(config, f"eval.{name}", value)
-    st = settings_lib.from_config(config)
+    st = self.settings.replace(**{f"eval.{name}": value for name, value in eval_overrides.items()}) \
+        if eval_overrides else self.settings
     texts = [texts] if isinstance(texts, str) else _texts("texts", texts)
     for i, text in enumerate(texts):
       if not text.strip():
@@ -362,32 +380,40 @@ class Model:
     return {"checkpoint": self.path, "step": self.step, **out}
 
 
-def call_settings(config: ml_collections.ConfigDict, *, max_new_tokens: Optional[int] = None,
+def call_settings(settings: settings_lib.Settings, *, max_new_tokens: Optional[int] = None,
                   steps: Optional[int] = None, seed: Optional[int] = None, temperature: Optional[float] = None,
                   live: bool = False, **sample_overrides) -> settings_lib.Settings:
-  """The settings of `config` with one call's sample.* overrides, checked as a config would be: `steps`
+  """`settings` with one call's sample.* overrides, checked as a config would be (`Settings.replace`): `steps`
   (sample.max_denoising_steps), `temperature` (sample.t_max = t_min; an AR model's eval.ar_temperature),
-  `live` (sample.show='live'), and any key of the sample group."""
-  config = _copy(config)
-  autoregressive = settings_lib.from_config(config).objective.autoregressive
+  `live` (sample.show='live'), and any key of the sample group. Overrides that change nothing: `settings`
+  themselves, not checked again."""
+  dotted = call_overrides(settings.objective.autoregressive, max_new_tokens=max_new_tokens, steps=steps, seed=seed,
+                          temperature=temperature, live=live, **sample_overrides)
+  current = fields.flat(settings)
+  dotted = {key: value for key, value in dotted.items() if key not in current or current[key] != value}
+  return settings.replace(**dotted) if dotted else settings
+
+
+def call_overrides(autoregressive: bool, *, max_new_tokens: Optional[int] = None, steps: Optional[int] = None,
+                   seed: Optional[int] = None, temperature: Optional[float] = None, live: bool = False,
+                   **sample_overrides) -> dict:
+  """{dotted key: value} of one call's overrides (`call_settings`), their shorthands checked."""
   if steps is not None and not (isinstance(steps, int) and steps >= 1):
     raise ConfigError(f"--steps (sample.max_denoising_steps): must be an integer >= 1, got {steps!r}")
   if temperature is not None and not (temperature > 0 or (temperature == 0 and autoregressive)):
     raise ConfigError(f"--temperature: must be > 0 (0 = greedy for an AR model), got {temperature}")
-  for name, value in (("max_new_tokens", max_new_tokens), ("max_denoising_steps", steps), ("seed", seed)):
-    if value is not None:
-      _set(config, f"sample.{name}", value)
+  dotted = {f"sample.{name}": value for name, value in (("max_new_tokens", max_new_tokens),
+                                                        ("max_denoising_steps", steps), ("seed", seed))
+            if value is not None}
   if temperature is not None:
     if autoregressive:
-      _set(config, "eval.ar_temperature", temperature)
+      dotted["eval.ar_temperature"] = temperature
     else:
-      _set(config, "sample.t_max", temperature)
-      _set(config, "sample.t_min", temperature)
-  for name, value in sample_overrides.items():
-    _set(config, f"sample.{name}", value)
+      dotted["sample.t_max"] = dotted["sample.t_min"] = temperature
+  dotted.update({f"sample.{name}": value for name, value in sample_overrides.items()})
   if live:
-    _set(config, "sample.show", "live")
-  return settings_lib.from_config(config)
+    dotted["sample.show"] = "live"
+  return dotted
 
 
 def _texts(field: str, values) -> list[str]:
@@ -477,7 +503,10 @@ def sample_command(checkpoint: str, config: Optional[ml_collections.ConfigDict] 
       files.check_writable(path, flag)
   items = read_prompts(prompts_file) if prompts_file else None
   header = checkpoints.header(checkpoint, checkpoints.CHECKPOINT_FLAG)
-  st = call_settings(run_config(header, config), steps=steps, seed=seed, temperature=temperature)
+  run = run_config(header, config)
+  autoregressive = objectives.get(run.diffusion.objective).autoregressive
+  st = settings_lib.from_config(settings_lib.with_overrides(run, call_overrides(
+      autoregressive, steps=steps, seed=seed, temperature=temperature)))  # the request's one check
   if st.sample.trajectory_html:
     files.check_writable(st.sample.trajectory_html, "sample.trajectory_html")
   tokenizer = tokenizer_for(st, header)
@@ -493,13 +522,12 @@ def sample_command(checkpoint: str, config: Optional[ml_collections.ConfigDict] 
   if not st.objective.autoregressive:  # the prompts against sample.max_context and the free memory
     check_request(st.canvas_sampler, batch=len(ids), prompt_len=max(len(x) for x in ids),
                   max_new_tokens=st.sample.max_new_tokens, model_cfg=header.model)
-  model = load(checkpoint, step=step, config=config, field=checkpoints.CHECKPOINT_FLAG)
+  model = load_with(header, st, step=step, tokenizer=tokenizer, field=checkpoints.CHECKPOINT_FLAG)
   live = st.sample.sampler.show == "live" and not model.objective.autoregressive
   printer = LivePrinter(model.tokenizer.decode, texts, total_steps=st.sample.sampler.max_denoising_steps,
                         end_ids=st.sample.end_ids) if live else None
   start = time.perf_counter()
-  results = model.generate_ids(ids, texts, steps=steps, seed=seed, temperature=temperature,
-                               return_trajectory=bool(st.sample.trajectory_html), on_step=printer)
+  results = model.generate_ids(ids, texts, return_trajectory=bool(st.sample.trajectory_html), on_step=printer)
   seconds = time.perf_counter() - start
   lines = []
   for b, r in enumerate(results):

@@ -23,6 +23,36 @@ from dgemma.model.sharding import MESH_AXES
 # The mesh sampling and evaluation use when no mesh is given: data parallel over this host's devices.
 DEFAULT_SHAPE = (("data", -1), ("fsdp", 1), ("expert", 1), ("tensor", 1))
 
+# Logical axis name -> mesh axes, for every parameter (dgemma.model.layers) and the main activations
+# (dgemma.model.sharding.constrain): the default `mesh.axis_rules` (configs/mesh/ presets share it).
+# Parameters: 'vocab', 'embed', 'embed_out' (the output side of a [D, D] kernel), 'readout' (the R of
+# model.decoder_right_readout), 'heads', 'kv_heads', 'head_dim', 'mlp', 'expert', 'expert_mlp', 'norm',
+# 'layers' (the scanned block axis). Activations: 'batch' (also splits the token axis of the MoE
+# all-to-all), 'act_length', 'act_embed', 'act_heads', 'act_mlp', 'act_vocab'.
+# The batch is split over data, fsdp AND expert: the expert axis is a data axis for everything but the
+# experts (each expert-group device holds its own rows). Dimensions an axis does not divide stay
+# replicated (dgemma.model.sharding.fit_spec_to_shape).
+AXIS_RULES = (
+    ("batch", ("data", "fsdp", "expert")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("embed_out", None),
+    ("readout", None),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("expert", "expert"),
+    ("expert_mlp", "tensor"),
+    ("norm", None),
+    ("layers", None),
+    ("act_length", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+)
+
 
 def make_mesh(shape=DEFAULT_SHAPE, devices=None) -> Mesh:
   """Mesh with axes (data, fsdp, expert, tensor) from ((axis, size), ...) or {axis: size} (missing axes

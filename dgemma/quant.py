@@ -35,13 +35,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dgemma import fields
 from dgemma.errors import ConfigError
+from dgemma.fields import setting
 from dgemma.model import lora, param_shapes
 from dgemma.model.qarray import QArray, dequantize, is_quantized, take_rows
 
@@ -56,19 +58,18 @@ _QDTYPE = {"int8": jnp.int8, "int4": jnp.int4}
 
 @dataclasses.dataclass(frozen=True)
 class QuantConfig:
-  """scheme: 'none' | 'int8' (per output channel) | 'int4' (per group of group_size inputs; 0 = per
-  output channel) | 'int4_experts' (experts int4 as 'int4', everything else int8). embedding: also
-  quantize the tied embedding / output table."""
-
-  scheme: str = "none"
-  group_size: int = 64
-  embedding: bool = True
+  """Weight-only quantization at load: the sample.quantize / quant_group_size / quantize_embedding keys."""
+  GROUP: ClassVar[str] = "sample"
+  scheme: str = setting("none", "'none' | 'int8' (one scale per output channel) | 'int4' (one scale per group of "
+                        "quant_group_size inputs) | 'int4_experts' (experts int4, everything else int8)",
+                        choices=SCHEMES, key="quantize")
+  group_size: int = setting(64, "int4 group along the contracted axis (0 = per output channel); must divide it",
+                            lo=0, key="quant_group_size")
+  embedding: bool = setting(True, "also quantize the tied embedding / output table (per-row scales)",
+                            key="quantize_embedding")
 
   def __post_init__(self):
-    if self.scheme not in SCHEMES:
-      raise ConfigError(f"sample.quantize must be one of {SCHEMES}, got {self.scheme!r}")
-    if int(self.group_size) < 0:
-      raise ConfigError(f"sample.quant_group_size must be >= 0 (0 = per output channel), got {self.group_size}")
+    fields.check(self)
 
 
 def contracted_axes(path: tuple[str, ...], ndim: int, embedding: bool = True) -> tuple[int, ...] | None:

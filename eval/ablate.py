@@ -26,7 +26,7 @@ uniform noise) needs its own model: the runner trains base + overrides + setting
 (train.py semantics: re-running resumes, a finished run is reused) and evaluates that run.
 
 A metric function is `fn(model: dgemma.Model) -> dict[str, number]`: the run's weights with the setting's
-evaluation overrides applied to its settings (`model.settings`, `model.config`). Register one with `register_metric(name, fn)` or by
+evaluation overrides applied to its settings (`model.settings`). Register one with `register_metric(name, fn)` or by
 adding `name: 'module:function'` to METRICS (imported on first use). CSV columns: name, group, then every
 override key of any setting, then the metric keys (union over settings), in first-seen order.
 """

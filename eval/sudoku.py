@@ -315,9 +315,7 @@ def probe_holes(model: dgemma.Model, rows: Sequence[tuple[str, str]], holes: Seq
   puzzle (0 or more than it has: all of them) are hidden and every other cell is held at the reference
   solution (the sampler's infilling); one decoder pass, argmax. Returns {k: accuracy on the hidden cells}.
   Cells are drawn from np.random.default_rng(seed), in puzzle order, k by k."""
-  probe_config = model.config.copy_and_resolve_references()
-  probe_config.sample.max_denoising_steps = 1
-  one_pass = model.with_config(probe_config)
+  one_pass = model.with_overrides(**{"sample.max_denoising_steps": 1})
   rng = np.random.default_rng(seed)
   puzzles = [p for p, _ in rows]
   out = {}

@@ -382,3 +382,22 @@ def test_sample_command_prints_a_chat_reply_on_its_own_line_and_writes_what_is_a
   assert (tmp_path / "s.txt").read_text() == printed[0] + "\n"
   record = json.loads((tmp_path / "o.jsonl").read_text())
   assert record["seconds_per_prompt"] > 0 and "seconds" not in record
+
+
+def test_a_sample_request_checks_reads_and_builds_once(loaded, monkeypatch):
+  # one sample.py request: the settings checked once, the checkpoint's header read once, the tokenizer built once
+  _, _, path = loaded
+  counts = {"settings": 0, "header": 0, "tokenizer": 0}
+  post_init, header, tokenizer_for = settings_lib.Settings.__post_init__, checkpoints.header, api.tokenizer_for
+
+  def counting(name, fn):
+    def wrapped(*args, **kwargs):
+      counts[name] += 1
+      return fn(*args, **kwargs)
+    return wrapped
+
+  monkeypatch.setattr(settings_lib.Settings, "__post_init__", counting("settings", post_init))
+  monkeypatch.setattr(checkpoints, "header", counting("header", header))
+  monkeypatch.setattr(api, "tokenizer_for", counting("tokenizer", tokenizer_for))
+  api.sample_command(str(path), steps=2, seed=1, temperature=0.7, print_fn=lambda *_: None)
+  assert counts == {"settings": 1, "header": 1, "tokenizer": 1}

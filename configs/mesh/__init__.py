@@ -11,30 +11,4 @@ all remaining devices) and `axis_rules` (logical axis name -> mesh axes, used fo
   tpu_slice    a TPU slice: FSDP over the slice, 4-way tensor parallelism inside (fsdp=-1, tensor=4)
 """
 
-# Parameters: 'vocab', 'embed', 'embed_out' (the output side of a [D, D] kernel), 'readout' (the R of
-# model.decoder_right_readout), 'heads', 'kv_heads', 'head_dim', 'mlp', 'expert', 'expert_mlp', 'norm',
-# 'layers' (the scanned block axis). Activations: 'batch' (also splits the token axis of the MoE
-# all-to-all), 'act_length', 'act_embed', 'act_heads', 'act_mlp', 'act_vocab'.
-# The batch is split over data, fsdp AND expert: the expert axis is a data axis for everything but the
-# experts (each expert-group device holds its own rows). Dimensions an axis does not divide stay
-# replicated (dgemma.model.sharding.fit_spec_to_shape).
-AXIS_RULES = (
-    ("batch", ("data", "fsdp", "expert")),
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("embed_out", None),
-    ("readout", None),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("mlp", "tensor"),
-    ("expert", "expert"),
-    ("expert_mlp", "tensor"),
-    ("norm", None),
-    ("layers", None),
-    ("act_length", None),
-    ("act_embed", None),
-    ("act_heads", "tensor"),
-    ("act_mlp", "tensor"),
-    ("act_vocab", "tensor"),
-)
+from dgemma.mesh import AXIS_RULES  # noqa: F401  (the rules the presets share live in the library)

@@ -29,8 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs.mesh import AXIS_RULES
-from dgemma import finetune as finetune_lib
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import adapter, hf, layout, params, workdir
@@ -127,8 +125,7 @@ def header(path: str | os.PathLike, field: str = "path") -> Checkpoint:
 
 def _run_model(config_json: str, source: Path) -> ModelConfig:
   """The architecture of a run's config.json text, with its LoRA layout (config.finetune)."""
-  run = settings_lib.from_json(config_json, source=source)
-  return dataclasses.replace(ModelConfig.from_config_dict(run.model), lora=finetune_lib.lora_config(run.finetune))
+  return settings_lib.load_json(config_json, source=source).model
 
 
 def _check_finite(tree: Any, where: str) -> None:
@@ -162,7 +159,7 @@ def _place(tree: Any, model: ModelConfig, mesh, axis_rules) -> Any:
 def _default_mesh(mesh, axis_rules):
   if mesh is None:
     mesh = mesh_lib.make_mesh()
-  return mesh, AXIS_RULES if axis_rules is None else axis_rules
+  return mesh, mesh_lib.AXIS_RULES if axis_rules is None else axis_rules
 
 
 def load_workdir(path: str | os.PathLike, *, step: Optional[int] = None, mesh=None, axis_rules=None,
@@ -171,7 +168,7 @@ def load_workdir(path: str | os.PathLike, *, step: Optional[int] = None, mesh=No
 
   config_json: the run config to read the architecture from (default: the workdir's config.json)."""
   config_json = config_json if config_json is not None else workdir.read_config_json(path)
-  run = settings_lib.from_config(settings_lib.from_json(config_json, source=Path(path) / workdir.CONFIG_FILE))
+  run = settings_lib.load_json(config_json, source=Path(path) / workdir.CONFIG_FILE)
   mesh, axis_rules = _default_mesh(mesh, axis_rules if axis_rules is not None else run.mesh.axis_rules)
   available = workdir.steps(path)
   if not available:
@@ -279,10 +276,10 @@ def _merge_adapters(flat: dict, scale: float) -> dict:
   return _flat(lora_lib.merge(unflatten(base), unflatten(factors), scale))
 
 
-def load_as(path: str | os.PathLike, model: ModelConfig, *, mesh=None, axis_rules=None, field: str = "path",
-            override: Any = None, fresh=None) -> Checkpoint:
-  """The params of any checkpoint kind (a run's latest step) as the parameter tree of `model`, on `mesh` in
-  model.param_dtype: what `train.init_from` and an adapter's base are read with.
+def load_as(path: str | os.PathLike, model: ModelConfig, *, step: Optional[int] = None, mesh=None,
+            axis_rules=None, field: str = "path", override: Any = None, fresh=None) -> Checkpoint:
+  """The params of any checkpoint kind (a run's `step`, default the latest) as the parameter tree of `model`, on
+  `mesh` in model.param_dtype: what `train.init_from`, an adapter's base and dgemma.load read with.
 
   The checkpoint's architecture must equal `model`'s up to the layer layout (model.scan_layers: relaid,
   layout.py) and the LoRA layout: its adapters are kept or folded in (`adapter_transfer`). `override`: a nested
@@ -290,7 +287,7 @@ def load_as(path: str | os.PathLike, model: ModelConfig, *, mesh=None, axis_rule
   for the adapters `model` has and the checkpoint lacks ({key tuple: array}; a fine-tuning run's new adapters,
   B = 0); without it a missing tensor is an error naming it."""
   mesh, axis_rules = _default_mesh(mesh, axis_rules)
-  source = load(path, mesh=mesh, axis_rules=axis_rules, dtype=model.param_dtype, field=field)
+  source = load(path, step=step, mesh=mesh, axis_rules=axis_rules, dtype=model.param_dtype, field=field)
   transfer = check_loadable_as(source, model, field)
   flat = _flat(source.params)
   if transfer == "merge":

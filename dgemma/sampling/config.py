@@ -1,13 +1,16 @@
 """Static settings of the DiffusionGemma sampler: `SamplerConfig`, a frozen dataclass (hashable: a `jax.jit`
-static argument), checked when built. `dgemma.settings` builds it from the `sample` group of a config.
+static argument) whose keys are declared once (dgemma/fields.py) and checked when built. `dgemma.settings` builds
+it from the `sample` group of a config.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
+from dgemma import fields
 from dgemma.diffusion import schedules
-from dgemma.errors import ConfigError
+from dgemma.fields import setting
 from dgemma.sampling import rules
 
 PAD_ID = 0
@@ -24,142 +27,85 @@ BEGIN_OF_TOOL_RESPONSE_ID = 50  # an end token of the official sampler, Gemma 4 
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-  """Static sampler settings (hashable: a `jax.jit` static argument).
+  """Static sampler settings (hashable: a `jax.jit` static argument), checked when built. The declared fields are
+  keys of the config's `sample` group (their docs: `python -m dgemma.settings`); the released sampler is their
+  defaults (HF 5.24). canvas_len, end_ids, pad_id, mask_id and loo_logits are derived by dgemma.settings from the
+  diffusion and data settings (`sample.end_ids`, () = the tokenizer's end tokens, is resolved there).
 
-  Released sampler (HF 5.24 defaults): the first nine fields.
-    canvas_len: tokens denoised in parallel (the block length; `config.diffusion.canvas_len`).
-    max_denoising_steps: decoder passes per canvas at most.
-    entropy_bound: acceptance budget: sum of accepted entropies minus the largest one (nats; > 0).
-    t_max / t_min: linear temperature schedule (first step t_max, falling towards t_min).
-    stability_threshold: argmax canvas unchanged for this many consecutive steps ...
-    confidence_threshold: ... and mean token entropy below this -> the row stops (0 disables).
-    end_ids: tokens that end a response (EOS 1; `<turn|>` 106 with the Gemma 4 vocabulary).
-    pad_id: fills a row after its end token.
-  Loop form:
-    early_exit: `lax.while_loop` leaving when every row finished (else `lax.scan` over all steps).
-    self_conditioning: feed the previous step's processed logits back (False = zero signal, as in
-      training without self-conditioning).
-  Ablations (defaults reproduce the release):
-    sampler: 'released' | 'ancestral' (uniform-state posterior sampling; module docstring) | 'pc'
-      (predictor-corrector: ancestral predictor passes, each followed by pc_corrector_steps corrector
-      passes at the new noise level (the last round's before its predictor to t = 0), within the same
-      max_denoising_steps passes; rules._pc_alphas) |
-      'masked' (MDLM, for mdlm-trained runs).
-    pc_corrector_fraction: sampler='pc': the share of positions a corrector pass re-draws (the rest keep
-      their token); 1 re-draws the whole canvas, smaller shares move towards the one-position Gibbs move
-      that is exact (rules._pc_update). Drawn per position from the pass's re-noise draw, so the share is
-      rounded to a multiple of 1 / vocab_size (at least one id).
-    pc_corrector_steps: sampler='pc': corrector passes per predictor pass (>= 1; max_denoising_steps
-      must be a multiple of 1 + this).
-    acceptance: 'entropy_bound' | 'confidence' (positions whose top probability >= accept_confidence)
-      | 'fixed_k' (the accept_k lowest-entropy positions). At least one open position is accepted.
-    renoise: 'non_accepted' (released: every non-accepted position gets a fresh uniform token,
-      accepted ones are re-predicted every step) | 'none' (non-accepted positions keep their
-      token) | 'low_confidence' (an accepted token stays on the canvas on later steps, outside the
-      acceptance budget, until the model's probability of it falls below renoise_confidence; then
-      it is re-noised and its position is open again; open non-accepted positions get fresh tokens).
-    top_k / top_p: logit shaping after the temperature (0 / 1.0 = off); the shaped logits are used
-      for sampling, entropy, argmax, stopping and self-conditioning alike.
-    alpha_schedule / schedule_eps / greedy_last_step: samplers 'ancestral', 'pc' and 'masked' (see `alpha`).
-    mask_id: sampler='masked': the mask token (diffusion.mask_id of the mdlm training run).
-    loo_logits: the model's output is the leave-one-out prior (a leave-one-out objective, set from
-      diffusion.objective): samplers 'ancestral' / 'pc' read it as it is, and otherwise take the loo shift off
-      a posterior output (dgemma/sampling/sampler.py docstring).
-  Limits and display:
-    max_context: positions the model may use: prompt + every canvas must fit (`check_request`).
-    show: 'none' | 'live' (a host callback per denoising step, `dgemma.sampling.live`).
-  Reference:
-    semantics: 'hf' (Hugging Face transformers 5.24, the tested default) | 'official' (google-deepmind/gemma's
-      JAX sampler): the decoder's sliding window is per query (q - p < W: canvas token i reads W - 1 - i
-      context positions, not W - 1 for all), the committed canvas is the last sampled (re-noised) one, not
-      the argmax canvas, the self-conditioning signal is carried as the bf16 soft embedding
-      (softmax(logits) @ table * sqrt(D)) instead of the logits, a row stops when the argmax equals the
-      step's input canvas and the mean entropy is <= confidence_threshold (one step, no counter), and
-      `<begin_of_tool_response>` (50) also ends a response with the Gemma 4 vocabulary.
+  The 'official' semantics (google-deepmind/gemma's JAX sampler, docs/model.md "Two references"): the decoder's
+  sliding window is per query (canvas token i reads W - 1 - i context positions, not W - 1 for all), the committed
+  canvas is the last sampled (re-noised) one, not the argmax canvas, the self-conditioning signal is carried as
+  the bf16 soft embedding instead of the logits, a row stops when the argmax equals the step's input canvas and
+  the mean entropy is <= confidence_threshold (one step, no counter), and `<begin_of_tool_response>` (50) also
+  ends a response with the Gemma 4 vocabulary.
   """
-
-  canvas_len: int = 256
-  max_denoising_steps: int = 48
-  entropy_bound: float = 0.1
-  t_max: float = 0.8
-  t_min: float = 0.4
-  stability_threshold: int = 1
-  confidence_threshold: float = 0.005
-  end_ids: tuple[int, ...] = (EOS_ID, END_OF_TURN_ID)
-  pad_id: int = PAD_ID
-  early_exit: bool = True
-  self_conditioning: bool = True
-  sampler: str = "released"
-  pc_corrector_steps: int = 1
-  pc_corrector_fraction: float = 1.0
-  acceptance: str = "entropy_bound"
-  accept_confidence: float = 0.9
-  accept_k: int = 1
-  renoise: str = "non_accepted"
-  renoise_confidence: float = 0.1
-  top_k: int = 0
-  top_p: float = 1.0
-  alpha_schedule: str = "linear"
-  schedule_eps: float = 1e-3
-  greedy_last_step: bool = True
-  mask_id: int = 4
-  loo_logits: bool = False
-  max_context: int = CONTEXT_LEN
-  show: str = "none"
-  semantics: str = "hf"
+  GROUP: ClassVar[str] = "sample"
+  canvas_len: int = 256  # derived: diffusion.canvas_len
+  max_denoising_steps: int = setting(48, "decoder passes per canvas at most", lo=1)
+  entropy_bound: float = setting(0.1, "accept the lowest-entropy tokens while cumsum(H) - H_i <= this (nats)",
+                                 lo=0.0, lo_open=True)
+  t_max: float = setting(0.8, "temperature at the first step ...", lo=0.0, lo_open=True)
+  t_min: float = setting(0.4, "... falling linearly towards t_min", lo=0.0)
+  stability_threshold: int = setting(1, "stop: the argmax canvas unchanged this many steps ...", lo=0)
+  confidence_threshold: float = setting(0.005, "... and mean entropy below this (0 = never stop early)", lo=0.0)
+  end_ids: tuple[int, ...] = (EOS_ID, END_OF_TURN_ID)  # derived: sample.end_ids, or the tokenizer's end tokens
+  pad_id: int = PAD_ID  # derived: fills a row after its end token
+  early_exit: bool = setting(True, "lax.while_loop exits when every row is done (else lax.scan over every step)")
+  self_conditioning: bool = setting(True, "feed the previous step's logits back (False = a zero signal)")
+  sampler: str = setting("released", "'released' | 'ancestral' (uniform-state posterior q(z_s | z_t, x_theta) from "
+                         "t=1 to 0) | 'pc' (predictor-corrector) | 'masked' (MDLM reveal sampling; for mdlm runs)",
+                         choices=lambda: tuple(rules.KINDS))
+  pc_corrector_steps: int = setting(1, "sampler='pc': corrector passes per predictor pass (max_denoising_steps "
+                                    "must be a multiple of 1 + this)", lo=1)
+  pc_corrector_fraction: float = setting(1.0, "sampler='pc': the share of positions a corrector pass re-draws",
+                                         lo=0.0, hi=1.0, lo_open=True)
+  acceptance: str = setting("entropy_bound", "'entropy_bound' | 'confidence' (top probability >= "
+                            "accept_confidence) | 'fixed_k' (the accept_k lowest-entropy positions)",
+                            choices=lambda: tuple(rules.ACCEPTANCE))
+  accept_confidence: float = setting(0.9, "acceptance='confidence': top probability >= this", lo=0.0, hi=1.0)
+  accept_k: int = setting(1, "acceptance='fixed_k': tokens accepted per step", lo=1)
+  renoise: str = setting("non_accepted", "'non_accepted' (released: fresh tokens everywhere else) | 'none' "
+                         "(non-accepted keep their token) | 'low_confidence' (accepted tokens stay until p(token) "
+                         "< renoise_confidence)", choices=lambda: tuple(rules.RENOISE))
+  renoise_confidence: float = setting(0.1, "renoise='low_confidence': re-noise a held token below this", lo=0.0,
+                                      hi=1.0)
+  top_k: int = setting(0, "logit shaping after the temperature (0 = off)", lo=0)
+  top_p: float = setting(1.0, "nucleus shaping (1.0 = off)", lo=0.0, hi=1.0, lo_open=True)
+  alpha_schedule: str = setting("linear", "samplers 'ancestral' / 'pc' / 'masked': a schedule of "
+                                "dgemma/diffusion/schedules.py", choices=lambda: tuple(schedules.SCHEDULES))
+  schedule_eps: float = setting(1e-3, "eps of the 'loglinear' schedule (alpha(1) = eps)", lo=0.0, hi=1.0,
+                                lo_open=True, hi_open=True)
+  greedy_last_step: bool = setting(True, "'ancestral' / 'pc': the last step takes argmax(x_theta)")
+  mask_id: int = 4  # derived: diffusion.mask_id (sampler='masked')
+  loo_logits: bool = False  # derived: the objective outputs leave-one-out logits (dgemma/sampling/sampler.py)
+  max_context: int = setting(0, "positions the model may use: prompt + ceil(max_new_tokens / canvas_len) * "
+                             "canvas_len <= this; 0 = 262,144 (DiffusionGemma)", lo=1, zero_means=CONTEXT_LEN)
+  show: str = setting("none", "'none' | 'live': redraw the canvases in the terminal every step",
+                      choices=SHOW_MODES)
+  semantics: str = setting("hf", "whose released sampler: 'hf' (transformers 5.24, the tested default) | "
+                           "'official' (google-deepmind/gemma's JAX sampler; class docstring)", choices=SEMANTICS)
 
   def __post_init__(self):
     object.__setattr__(self, "end_ids", tuple(int(i) for i in self.end_ids))
     self.validate()
 
   def validate(self) -> None:
-    def need(cond, msg):
-      if not cond:
-        raise ConfigError(msg)
-
-    def one_of(name, options):
-      need(getattr(self, name) in options, f"sample.{name} must be one of {options}, got {getattr(self, name)!r}")
-
-    need(self.canvas_len > 0, f"diffusion.canvas_len must be positive, got {self.canvas_len}")
-    need(self.max_denoising_steps > 0,
-         f"sample.max_denoising_steps must be positive, got {self.max_denoising_steps}")
-    need(self.entropy_bound > 0, f"sample.entropy_bound must be > 0, got {self.entropy_bound}")
-    need(self.t_max > 0, f"sample.t_max must be > 0, got {self.t_max}")
-    need(self.t_min >= 0, f"sample.t_min must be >= 0, got {self.t_min}")
-    need(self.t_min <= self.t_max,
-         f"sample.t_min must be <= sample.t_max (got t_min={self.t_min}, t_max={self.t_max})")
-    need(self.stability_threshold >= 0,
-         f"sample.stability_threshold must be >= 0, got {self.stability_threshold}")
-    need(self.confidence_threshold >= 0,
-         f"sample.confidence_threshold must be >= 0, got {self.confidence_threshold}")
-    need(all(i >= 0 for i in self.end_ids), f"sample.end_ids must be token ids >= 0, got {self.end_ids}")
-    need(self.pad_id not in self.end_ids, f"sample.end_ids must not contain the pad id {self.pad_id}")
-    one_of("sampler", tuple(rules.KINDS))
-    need(self.pc_corrector_steps >= 1, f"sample.pc_corrector_steps must be >= 1, got {self.pc_corrector_steps}")
-    need(0.0 < self.pc_corrector_fraction <= 1.0,
-         f"sample.pc_corrector_fraction must be in (0, 1], got {self.pc_corrector_fraction}")
+    fields.check(self)
+    need = fields.need
+    need(self.canvas_len > 0, "diffusion.canvas_len", f"must be positive, got {self.canvas_len}")
+    need(self.t_min <= self.t_max, "sample.t_min", f"must be <= sample.t_max (got t_min={self.t_min}, "
+         f"t_max={self.t_max})")
+    need(all(i >= 0 for i in self.end_ids), "sample.end_ids", f"must be token ids >= 0, got {self.end_ids}")
+    need(self.pad_id not in self.end_ids, "sample.end_ids", f"must not contain the pad id {self.pad_id}")
     if self.sampler == "pc":
-      need(self.max_denoising_steps % (1 + self.pc_corrector_steps) == 0,
-           f"sample.sampler='pc': sample.max_denoising_steps={self.max_denoising_steps} must be a multiple of "
-           f"1 + sample.pc_corrector_steps = {1 + self.pc_corrector_steps} (whole predictor-corrector rounds)")
-    one_of("acceptance", tuple(rules.ACCEPTANCE))
-    need(0.0 <= self.accept_confidence <= 1.0,
-         f"sample.accept_confidence must be in [0, 1], got {self.accept_confidence}")
-    need(self.accept_k >= 1, f"sample.accept_k must be >= 1, got {self.accept_k}")
-    one_of("renoise", tuple(rules.RENOISE))
-    need(0.0 <= self.renoise_confidence <= 1.0,
-         f"sample.renoise_confidence must be in [0, 1], got {self.renoise_confidence}")
-    need(self.top_k >= 0, f"sample.top_k must be >= 0 (0 = off), got {self.top_k}")
-    need(0.0 < self.top_p <= 1.0, f"sample.top_p must be in (0, 1] (1 = off), got {self.top_p}")
-    one_of("alpha_schedule", tuple(schedules.SCHEDULES))
-    need(0.0 < self.schedule_eps < 1.0, f"sample.schedule_eps must be in (0, 1), got {self.schedule_eps}")
-    need(self.mask_id >= 0, f"diffusion.mask_id must be a token id >= 0, got {self.mask_id}")
-    need(self.max_context > self.canvas_len,
-         f"sample.max_context must exceed diffusion.canvas_len={self.canvas_len}, got {self.max_context}")
-    one_of("show", SHOW_MODES)
-    one_of("semantics", SEMANTICS)
+      need(self.max_denoising_steps % (1 + self.pc_corrector_steps) == 0, "sample.max_denoising_steps",
+           f"{self.max_denoising_steps} with sample.sampler='pc' must be a multiple of 1 + sample.pc_corrector_steps"
+           f" = {1 + self.pc_corrector_steps} (whole predictor-corrector rounds)")
+    need(self.mask_id >= 0, "diffusion.mask_id", f"must be a token id >= 0, got {self.mask_id}")
+    need(self.max_context > self.canvas_len, "sample.max_context",
+         f"must exceed diffusion.canvas_len={self.canvas_len}, got {self.max_context}")
     if self.semantics == "official":
-      need(self.sampler == "released", f"sample.semantics='official' is the released sampler's; got sample.sampler="
-           f"{self.sampler!r}")
-      need(self.top_k == 0 and self.top_p == 1.0, "sample.semantics='official': the official sampler shapes no "
+      need(self.sampler == "released", "sample.semantics", f"'official' is the released sampler's; got "
+           f"sample.sampler={self.sampler!r}")
+      need(self.top_k == 0 and self.top_p == 1.0, "sample.semantics", "'official': the official sampler shapes no "
            f"logits; set sample.top_k=0 and sample.top_p=1.0 (got {self.top_k}, {self.top_p})")

@@ -35,7 +35,7 @@ def _override_flags(argv: Sequence[str]) -> list[str]:
 def parse_flags(argv: Sequence[str], prog: str):
   """absl's parser; every flag error (an unknown flag, a config override that names no key or has a bad value,
   an override before --config=, a config file that failed to load) becomes one line `prog: ...`."""
-  hint = "configs/base.py lists every key; mesh.shape has data, fsdp, expert, tensor"
+  hint = "python -m dgemma.settings lists every key; mesh.shape has data, fsdp, expert, tensor"
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:  # unknown flags, flag order, bad flag values

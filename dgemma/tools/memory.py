@@ -36,7 +36,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from configs import base
+
 from dgemma import quant
 from dgemma import settings as settings_lib
 from dgemma.diffusion import diffusion_loss
@@ -195,7 +195,7 @@ def _experiment_config(config):
   """An experiment config: `config` itself, or configs/base.py with `config` as its model group."""
   if "model" in config:
     return config
-  full = base.get_config()
+  full = settings_lib.default_config()
   full.model = config
   full.data.tokenizer.kind = "file"  # a preset names no tokenizer; the vocabulary is the model's
   return full

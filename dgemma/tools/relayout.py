@@ -56,12 +56,10 @@ def relayout_workdir(src: str, out: str, scan_layers: bool, *, step: Optional[in
   if Path(out).exists():
     raise FileExistsError(f"--out: {out} already exists")
   step = available[-1] if step is None else step
-  config = settings_lib.from_json(workdir_ckpt.read_config_json(src))
-  saved = settings_lib.from_config(config)
+  saved = settings_lib.load_json(workdir_ckpt.read_config_json(src), source=Path(src) / workdir_ckpt.CONFIG_FILE)
   if saved.model.scan_layers == scan_layers:
     raise ConfigError(f"--scan_layers: {src} already has model.scan_layers={scan_layers}")
-  config.model.scan_layers = scan_layers
-  new = settings_lib.from_config(config)
+  new = saved.replace(**{"model.scan_layers": scan_layers})
 
   mesh = mesh_lib.make_mesh(saved.mesh.shape)
   _, _, saved_abstract, _ = state_lib.run_abstract_state(saved, mesh)

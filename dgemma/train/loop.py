@@ -37,7 +37,6 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from absl import logging
 from tqdm import tqdm
@@ -65,26 +64,27 @@ def prepare_data(settings):
   return data_lib.prepare(settings)
 
 
-def check_resume(workdir: Path, config: ml_collections.ConfigDict) -> list[str]:
+def check_resume(workdir: Path, settings) -> list[str]:
   """Re-running a workdir must keep what its checkpoints were saved with (module docstring, 2). Returns the
   training keys that change on this resume ('key: saved -> new'); a finished run cannot take any."""
   if not workdir_ckpt.is_workdir(workdir) or not workdir_ckpt.steps(workdir):
     return []
-  saved = settings_lib.from_json(workdir_ckpt.read_config_json(workdir))
-  diffs = settings_lib.architecture_differences(saved, config)
+  saved = settings_lib.load_json(workdir_ckpt.read_config_json(workdir), source=workdir / workdir_ckpt.CONFIG_FILE)
+  diffs = settings_lib.architecture_differences(saved, settings)
   if diffs:
     hint = ""
     if any(d.startswith("model.scan_layers:") for d in diffs):
       hint = (f". For the other layer layout alone, copy the run into it (python -m dgemma.tools.relayout "
-              f"--workdir={workdir} --out=NEW_WORKDIR --{'' if config.model.scan_layers else 'no'}scan_layers) "
+              f"--workdir={workdir} --out=NEW_WORKDIR --{'' if settings.model.scan_layers else 'no'}scan_layers) "
               f"or start a new run from its params (--config.train.init_from={workdir})")
     raise ConfigError(f"--workdir: {workdir} holds checkpoints of another setup, so it cannot resume with this "
                       f"config (saved -> new): {'; '.join(diffs)}. Use a new --workdir, or the saved settings{hint}")
-  changes = settings_lib.training_differences(saved, config)
-  resume_step = config.train.restore_step if config.train.restore_step >= 0 else workdir_ckpt.steps(workdir)[-1]
-  if changes and resume_step >= config.train.num_steps:
+  changes = settings_lib.training_differences(saved, settings)
+  train = settings.train
+  resume_step = train.restore_step if train.restore_step >= 0 else workdir_ckpt.steps(workdir)[-1]
+  if changes and resume_step >= train.num_steps:
     raise ConfigError(f"--workdir: the run in {workdir} is finished (step {resume_step}, train.num_steps="
-                      f"{config.train.num_steps}) and was trained with other settings (saved -> new): "
+                      f"{train.num_steps}) and was trained with other settings (saved -> new): "
                       f"{'; '.join(changes)}. Nothing would train with them, and what the workdir holds is the "
                       "saved run's model. Use a new --workdir, or raise train.num_steps to train on with them")
   if changes:
@@ -203,9 +203,10 @@ def _restore(manager, workdir: Path, settings, abstract_state):
                         f"{workdir / workdir_ckpt.CORRUPT}); remove the workdir to start afresh")
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+def train_and_evaluate(config, workdir: str, *,
                        stop_after_steps: Optional[int] = None) -> state_lib.TrainState:
-  """Trains (resuming from the latest checkpoint in workdir/checkpoints) and returns the final state.
+  """Trains (resuming from the latest checkpoint in workdir/checkpoints) and returns the final state. `config`: an
+  experiment config (checked here, dgemma.settings.from_config) or Settings.
 
   `stop_after_steps` ends this run early (as a preemption would) after that many steps of this
   invocation, saving a checkpoint; the schedule still follows config.train.num_steps.
@@ -213,10 +214,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   quiet_orbax()
   if Path(workdir).exists() and not Path(workdir).is_dir():
     raise ConfigError(f"--workdir: {workdir} is a file, not a directory")
-  settings = settings_lib.from_config(config)  # bad config -> one clear error, before any work
+  # bad config -> one clear error, before any work; below, typed settings only
+  settings = config if isinstance(config, settings_lib.Settings) else settings_lib.from_config(config)
   optimizer_lib.check(settings.opt, settings.finetune)
   workdir_path = Path(workdir)
-  config_changes = check_resume(workdir_path, config)
+  config_changes = check_resume(workdir_path, settings)
   if settings.train.init_from:
     state_lib.check_init_from(settings.train.init_from, settings.model)
   mesh = mesh_lib.make_mesh(settings.mesh.shape)

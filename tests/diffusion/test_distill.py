@@ -103,7 +103,8 @@ def test_settings_refuse_a_distillation_without_teacher_or_of_another_kind():
   plain, dcd = demo.get_config(), distill_dcd.get_config()
   dcd.train.init_from = "/somewhere"
   assert settings_lib.from_config(dcd).distill.method == "dcd"
-  assert any(d.startswith("distill.method") for d in settings_lib.architecture_differences(plain, dcd))
+  assert any(d.startswith("distill.method") for d in settings_lib.architecture_differences(
+      settings_lib.from_config(plain), settings_lib.from_config(dcd)))
   with pytest.raises(FileNotFoundError, match="distill_dcd.py:TEACHER"):
     distill_dcd.get_config("/no/such/workdir")
 

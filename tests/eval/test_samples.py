@@ -103,7 +103,7 @@ def test_sample_metrics_diffusion_and_ar(tiny_config, tmp_path):
   words_file.write_text("the King thy lord\n")
   model = _ckpt(config, "base_ce")
   for spec in ("train", str(words_file)):
-    with_words = model.with_config(settings_lib.with_overrides(model.config, {"eval.real_words": spec}))
+    with_words = model.with_overrides(**{"eval.real_words": spec})
     words_summary, words_records = samples.sample_metrics(with_words)
     vocabulary, heldout = samples.real_word_corpora(with_words.settings)
     want = samples.real_word_rate([r["text"] for r in words_records], vocabulary)
@@ -118,7 +118,7 @@ def test_sample_metrics_diffusion_and_ar(tiny_config, tmp_path):
       assert vocabulary == {"the", "king", "thy", "lord"} and "real_word_rate_heldout" not in words_summary
 
   # AR checkpoint, greedy: one forward per token, deterministic
-  greedy = ref.with_config(settings_lib.with_overrides(ref.config, {"eval.ar_temperature": 0.0}))
+  greedy = ref.with_overrides(**{"eval.ar_temperature": 0.0})
   ar_summary, ar_records = samples.sample_metrics(greedy, reference=ref)
   assert ar_summary["tokens_per_forward"] == 1.0
   assert ar_records[0]["tokens"] == ar_records[2]["tokens"]  # same prompt, greedy
@@ -133,10 +133,10 @@ def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus
   params_ckpt.save_params(params_dir, random_params(model_cfg), model_cfg.to_dict())
   seen = []
 
-  def fake_metric(model):  # what the runner hands a metric: the checkpoint's model with the setting's config
-    config = model.config
-    seen.append((model.path, config.sample.max_denoising_steps, config.sample.sampler))
-    return {"score": float(config.sample.max_denoising_steps) ** 0.5, "sampler_is_ancestral": int(config.sample.sampler == "ancestral")}
+  def fake_metric(model):  # what the runner hands a metric: the checkpoint's model with the setting's settings
+    sampler = model.settings.sample.sampler
+    seen.append((model.path, sampler.max_denoising_steps, sampler.sampler))
+    return {"score": float(sampler.max_denoising_steps) ** 0.5, "sampler_is_ancestral": int(sampler.sampler == "ancestral")}
 
   ablate.register_metric("fake_for_test", fake_metric)
   import ml_collections
@@ -196,9 +196,9 @@ def test_ablation_runner_trains_settings_that_change_the_run(tiny_config, tmp_pa
   seen = []
 
   def fake_metric(model):
-    config = model.config
-    seen.append((model.path, int(config.train.num_steps)))
-    return {"steps_trained": int(config.train.num_steps)}
+    num_steps = model.settings.train.num_steps
+    seen.append((model.path, num_steps))
+    return {"steps_trained": num_steps}
 
   ablate.register_metric("fake_trained_for_test", fake_metric)
   out = tmp_path / "out"

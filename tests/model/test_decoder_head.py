@@ -88,7 +88,7 @@ def test_each_head_layer_reads_its_own_canvas_only_and_feeds_the_readout():
 
 
 def test_head_count_is_checked():
-  with pytest.raises(ConfigError, match="model.decoder_head_layers: must be an integer >= 0"):
+  with pytest.raises(ConfigError, match="model.decoder_head_layers: must be >= 0"):
     dataclasses.replace(CFG, decoder_head_layers=-1)
 
 

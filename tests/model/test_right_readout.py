@@ -67,7 +67,7 @@ def test_logits_are_the_left_readout_plus_the_right_neighbours(shift, R):
 
 
 def test_readout_count_is_checked():
-  with pytest.raises(ConfigError, match="model.decoder_right_readout: must be an integer >= 0"):
+  with pytest.raises(ConfigError, match="model.decoder_right_readout: must be >= 0"):
     dataclasses.replace(CFG, decoder_right_readout=-1)
 
 

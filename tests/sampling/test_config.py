@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from dgemma import fields
 from dgemma.errors import ConfigError
 from dgemma.sampling import SamplerConfig
 from tests.sampling.helpers import sampler_of
@@ -41,8 +42,9 @@ def test_sampler_config_from_config_and_validation():
   config = base.get_config()
   cfg = sampler_of(config)
   released = SamplerConfig()
-  for name in ("canvas_len", "max_denoising_steps", "entropy_bound", "t_max", "t_min",
-               "stability_threshold", "confidence_threshold", "acceptance", "renoise"):
+  declared = [f.name for f, _ in fields.declared(SamplerConfig)]
+  assert len(declared) == 24  # every sampler key: one declaration, the config's default and the class's
+  for name in declared + ["canvas_len", "pad_id", "mask_id", "loo_logits"]:
     assert getattr(cfg, name) == getattr(released, name), name
   assert cfg.end_ids == (1,)                       # trained SentencePiece: no <turn|> piece
   config.data.tokenizer.kind = "file"
@@ -53,7 +55,7 @@ def test_sampler_config_from_config_and_validation():
   tiny.sample.end_ids = (1, 7, 9999)               # explicit ids; outside the vocabulary dropped
   assert sampler_of(tiny).end_ids == (1, 7)
   tiny.sample.t_min = 0.9
-  with pytest.raises(ConfigError, match=r"sample.t_min must be <= sample.t_max"):
+  with pytest.raises(ConfigError, match=r"sample.t_min: must be <= sample.t_max"):
     sampler_of(tiny)
   for bad, pattern in ((dict(acceptance="greedy"), "sample.acceptance"), (dict(renoise="x"), "sample.renoise"),
                        (dict(max_denoising_steps=0), "sample.max_denoising_steps"),

@@ -171,7 +171,7 @@ def test_pc_passes_alternate_posterior_and_corrector_draws(fraction):
 def test_pc_settings_are_checked():
   with pytest.raises(ConfigError, match="pc_corrector_steps"):
     SamplerConfig(sampler="pc", max_denoising_steps=6, pc_corrector_steps=0)
-  with pytest.raises(ConfigError, match=r"max_denoising_steps=7 must be a multiple of 1 \+ sample.pc_corrector_steps = 2"):
+  with pytest.raises(ConfigError, match=r"sample.max_denoising_steps: 7 with sample.sampler='pc' must be a multiple of 1 \+ sample.pc_corrector_steps = 2"):
     SamplerConfig(sampler="pc", max_denoising_steps=7, pc_corrector_steps=1)
   SamplerConfig(sampler="pc", max_denoising_steps=9, pc_corrector_steps=2)
   SamplerConfig(sampler="ancestral", max_denoising_steps=7)  # the multiple applies to 'pc' only

@@ -36,7 +36,7 @@ def test_the_copy_holds_the_same_state_relaid_and_the_same_data_position(tiny_ru
   other = config.copy_and_resolve_references()
   other.model.scan_layers = False
   with pytest.raises(ConfigError, match=r"model.scan_layers: True -> False.*python -m dgemma.tools.relayout .*--noscan_layers"):
-    loop.check_resume(src, other)  # resuming in the other layout is refused, naming this tool
+    loop.check_resume(src, settings_lib.from_config(other))  # resuming in the other layout is refused, naming this tool
   out = tmp_path / "unrolled"
   step = relayout.relayout_workdir(str(src), str(out), scan_layers=False)
   assert step == workdir_ckpt.steps(src)[-1] and workdir_ckpt.steps(out) == [step]

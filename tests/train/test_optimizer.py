@@ -146,7 +146,8 @@ def test_resuming_with_another_optimizer_is_an_architecture_difference():
   saved = tiny_test.get_config()
   new = tiny_test.get_config()
   new.opt.optimizer = "muon"
-  assert settings_lib.architecture_differences(saved, new) == ["opt.optimizer: 'adamw' -> 'muon'"]
+  assert settings_lib.architecture_differences(settings_lib.from_config(saved), settings_lib.from_config(new)) == [
+      "opt.optimizer: 'adamw' -> 'muon'"]
   old_json = json.loads(settings_lib.to_json(saved))
   del old_json["opt"]["optimizer"]
   assert settings_lib.from_json(json.dumps(old_json)).opt.optimizer == "adamw"

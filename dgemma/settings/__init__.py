@@ -1,0 +1,299 @@
+"""The config boundary: an experiment config (an `ml_collections.ConfigDict` from `configs/*.py`) is checked and
+turned into typed, frozen settings here, once; everything below takes the typed settings.
+
+  settings = dgemma.settings.from_config(config)   # every check; raises ConfigError naming the field
+  settings.model       ModelConfig (dgemma.model), with the LoRA layout of `finetune`
+  settings.data        DataSettings (+ .tokenizer, .sudoku)          settings.diffusion  DiffusionSettings
+  settings.opt         OptimizerSettings   settings.train  TrainSettings   settings.distill  DistillSettings
+  settings.finetune    FinetuneSettings    settings.eval   EvalSettings    settings.mesh     MeshSettings
+  settings.sample      SampleSettings (.sampler: SamplerConfig, .quant: QuantConfig, the request)
+  settings.seed        int
+  settings.replace(**{"sample.t_max": 0.6})   # typed overrides of single keys, checked as a config would be
+
+Each key is declared once, with its type, default, bounds and doc, in the dataclass of its group
+(dgemma/fields.py; `python -m dgemma.settings` lists them all). `default_config()` is the raw config of every
+default: configs/base.py is it. Checks, all before anything is built, read or compiled: every key must be
+declared; each group checks its values and their relations when built; `_cross_checks` the relations between
+groups (the canvas fits the sequence, the tokenizer fits the vocabulary, an mdlm mask id is not a real token, ...).
+The data source's own checks (its record in `dgemma.data.sources`: files exist, Sudoku shapes) run where its data
+is first needed (`dgemma.data.prepare`), so sampling a run does not need its training files. A run's config.json
+is `to_json(settings)`; `from_json` reads one back over today's defaults (a key added since keeps its default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import ClassVar
+
+import ml_collections
+
+from dgemma import fields, finetune as finetune_lib, files, quant, tokenizers
+from dgemma.diffusion import distill as distill_lib, objectives
+from dgemma.diffusion.config import DiffusionSettings
+from dgemma.errors import ConfigError
+from dgemma.fields import group, setting
+from dgemma.model.config import ModelConfig
+from dgemma.sampling.config import BEGIN_OF_TOOL_RESPONSE_ID, END_OF_TURN_ID, EOS_ID, SamplerConfig
+from dgemma.settings.groups import (DataSettings, DistillSettings, EvalSettings, FinetuneSettings, MeshSettings,
+                                    MeshShape, OptimizerSettings, SampleSettings, SudokuSettings, TokenizerSettings,
+                                    TrainSettings)
+from dgemma.settings.resume import (RUNTIME_MODEL_FIELDS, architecture_differences, model_differences,
+                                    training_differences)
+
+LIST_COMMAND = "python -m dgemma.settings lists every key with its default and doc"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """Every group of a config, typed and checked (module docstring)."""
+  GROUP: ClassVar[str] = ""
+  seed: int = setting(0, "the run's seed: initialisation, data order, training noise")
+  model: ModelConfig = group(ModelConfig, "the architecture: a preset from configs/models/")
+  data: DataSettings = group(DataSettings, "which text, how it is tokenized and packed")
+  diffusion: DiffusionSettings = group(DiffusionSettings, "uniform-state corruption and the training objective")
+  distill: DistillSettings = group(DistillSettings, "discrete consistency distillation")
+  opt: OptimizerSettings = group(OptimizerSettings, "the optimizer")
+  train: TrainSettings = group(TrainSettings, "the training loop")
+  finetune: FinetuneSettings = group(FinetuneSettings, "fine-tuning: which parameters train")
+  sample: SampleSettings = group(SampleSettings, "sampling (sample.py and the API)")
+  eval: EvalSettings = group(EvalSettings, "evaluation (eval/)")
+  mesh: MeshSettings = group(MeshSettings, "the device mesh: a preset from configs/mesh/")
+
+  def __post_init__(self):
+    fields.check(self)
+    _cross_checks(self)
+
+  @property
+  def objective(self) -> objectives.Objective:
+    return objectives.get(self.diffusion.objective)
+
+  @property
+  def canvas_sampler(self) -> SamplerConfig:
+    """The canvas sampler, checked against the objective the model was trained with."""
+    objective = self.objective
+    if objective.autoregressive:
+      raise ConfigError("diffusion.objective='ar' trains an autoregressive model: sample it with "
+                        "dgemma.sampling.ar_generate (the API does so), not the canvas sampler")
+    if self.sample.sampler.sampler not in objective.samplers:
+      raise ConfigError(f"sample.sampler={self.sample.sampler.sampler!r} does not fit diffusion.objective="
+                        f"{objective.name!r} (it takes {objective.samplers}): masked-diffusion (mdlm) models "
+                        "need sample.sampler='masked', and only they")
+    return self.sample.sampler
+
+  @property
+  def config_json(self) -> str:
+    """The run's config.json: every key's value (`from_json` reads it back)."""
+    return to_json(self)
+
+  def replace(self, **dotted) -> "Settings":
+    """These settings with single keys replaced, e.g. `settings.replace(**{"sample.t_max": 0.6})`: each group
+    touched is rebuilt (its checks run), and so are the values derived from it (the sampler's end ids); the
+    cross checks run again."""
+    raw = fields.to_raw(self)
+    for key, value in dotted.items():
+      _set_raw(raw, key, value)
+    return _build(raw)
+
+
+def _set_raw(raw: dict, dotted: str, value) -> None:
+  *parents, leaf = dotted.split(".")
+  node = raw
+  for name in parents:
+    if not isinstance(node.get(name), dict):
+      raise ConfigError(f"{dotted}: no config group {name!r} ({LIST_COMMAND})")
+    node = node[name]
+  if leaf not in node:
+    raise ConfigError(f"{dotted}: not a config key ({LIST_COMMAND})")
+  node[leaf] = tuple(value) if isinstance(value, list) else value
+
+
+# ---- the raw config ------------------------------------------------------------------------------------
+
+def _config_dict(tree: dict) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({k: _config_dict(v) if isinstance(v, dict) else v for k, v in tree.items()})
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The raw config of every default (configs/base.py); its model is the released 26B-A4B trunk."""
+  return _config_dict(fields.defaults(Settings))
+
+
+def from_config(config: ml_collections.ConfigDict) -> Settings:
+  """Checks an experiment config and returns its Settings. Raises ConfigError naming the field (or, for a
+  data file that does not exist, FileNotFoundError naming it)."""
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"config: expected an ml_collections.ConfigDict from a configs/*.py get_config(), got "
+                      f"{type(config).__name__}")
+  unknown = fields.unknown_keys(Settings, config, "")
+  if unknown:
+    raise ConfigError(f"unknown config key(s): {', '.join(unknown)} ({LIST_COMMAND})")
+  return _build(config)
+
+
+def _build(raw) -> Settings:
+  """Settings from a raw config whose keys are known: the groups in the order their derived values need."""
+  finetune = fields.from_raw(FinetuneSettings, raw["finetune"] if "finetune" in raw else {})
+  model = dataclasses.replace(fields.from_raw(ModelConfig, raw["model"] if "model" in raw else {}),
+                              lora=finetune_lib.lora_config(finetune))  # adapters are params too
+  data = fields.from_raw(DataSettings, raw["data"] if "data" in raw else {})
+  diffusion = fields.from_raw(DiffusionSettings, raw["diffusion"] if "diffusion" in raw else {})
+  diffusion.check_row(data.seq_len)
+  sample_raw = raw["sample"] if "sample" in raw else {}
+  end_ids = fields.value("sample.end_ids", sample_raw["end_ids"] if "end_ids" in sample_raw else (),
+                         fields.keys(SampleSettings)["end_ids"])
+  semantics = fields.value("sample.semantics", sample_raw["semantics"] if "semantics" in sample_raw else "hf",
+                           fields.keys(SampleSettings)["semantics"])
+  resolved = end_ids or tokenizer_end_ids(data, semantics)
+  sampler = dict(canvas_len=diffusion.canvas_len, end_ids=tuple(i for i in resolved if i < model.vocab_size),
+                 mask_id=diffusion.mask_id, loo_logits=diffusion.objective_record.leave_one_out)
+  sample = fields.from_raw(SampleSettings, sample_raw, sampler=sampler)
+  groups = dict(finetune=finetune, model=model, data=data, diffusion=diffusion, sample=sample)
+  for name, cls in (("distill", DistillSettings), ("opt", OptimizerSettings), ("train", TrainSettings),
+                    ("eval", EvalSettings), ("mesh", MeshSettings)):
+    groups[name] = fields.from_raw(cls, raw[name] if name in raw else {})
+  return Settings(seed=raw["seed"] if "seed" in raw else 0, **groups)
+
+
+def _cross_checks(st: Settings) -> None:
+  """Relations between groups (each group checked its own when built)."""
+  need = fields.need
+  model, data, diff = st.model, st.data, st.diffusion
+  need(diff.canvases_per_row == 1 or data.format != "sft", "diffusion.canvases_per_row",
+       f"data.format='sft' rows hold one response canvas; use 1, got {diff.canvases_per_row}")
+  if st.objective.masked:
+    need(diff.mask_id < model.vocab_size, "diffusion.mask_id",
+         f"{diff.mask_id} is not an id of the model's vocabulary (model.vocab_size={model.vocab_size})")
+    if data.tokenizer.kind in ("byte", "sentencepiece"):
+      # Tokenizers built here use every id below their vocabulary size (4 specials, then pieces / bytes).
+      tok_vocab = tokenizers.ByteTokenizer().vocab_size if data.tokenizer.kind == "byte" else data.tokenizer.vocab_size
+      need(diff.mask_id >= tok_vocab, "diffusion.mask_id",
+           f"{diff.mask_id} is a real token of the {data.tokenizer.kind} tokenizer (ids < {tok_vocab}); for "
+           f"objective='mdlm' use an added id, e.g. mask_id={tok_vocab} with model.vocab_size > {tok_vocab}")
+  if st.objective.needs_two_stream:
+    need(model.decoder_two_stream, "diffusion.objective",
+         f"{st.objective.name!r} is proper only for a decoder blind to each position's own token: set "
+         "model.decoder_two_stream=True (with model.decoder_shift=True), or use loo_ce")
+  if data.tokenizer.kind == "sentencepiece":
+    need(model.vocab_size >= data.tokenizer.vocab_size, "model.vocab_size",
+         f"{model.vocab_size} is smaller than data.tokenizer.vocab_size={data.tokenizer.vocab_size}")
+  if data.tokenizer.kind == "byte":
+    need(model.vocab_size >= tokenizers.ByteTokenizer().vocab_size, "model.vocab_size",
+         f"{model.vocab_size} is too small for the byte tokenizer (256 bytes + 4 special tokens = 260)")
+  need(st.opt.warmup_steps <= st.train.num_steps, "opt.warmup_steps",
+       f"{st.opt.warmup_steps} warmup steps exceed train.num_steps={st.train.num_steps}")
+  need(data.batch_size % st.opt.grad_accum_steps == 0, "opt.grad_accum_steps",
+       f"{st.opt.grad_accum_steps} does not divide data.batch_size={data.batch_size}")
+  for pos, token in st.sample.infill:
+    need(token < model.vocab_size, "sample.infill", f"token id {token} at position {pos} is outside the vocabulary "
+         f"[0, model.vocab_size={model.vocab_size})")
+  if distill_lib.enabled(st.distill):
+    need(diff.short_canvas_len == 0, "diffusion.short_canvas_len",
+         f"consistency distillation trains the configured canvases only; use 0, got {diff.short_canvas_len}")
+    need(bool(st.train.init_from), "train.init_from", "distill.method='dcd' distils a trained run: name it here "
+         "(a training workdir or params checkpoint; configs/distill_dcd.py:TEACHER sets it)")
+    need(st.objective.corruption == objectives.UNIFORM and not st.objective.autoregressive, "distill.method",
+         f"consistency distillation runs on the Gaussian relaxation of uniform-state diffusion; "
+         f"diffusion.objective={st.objective.name!r} is not uniform-state")
+  expert_axis = st.mesh.size("expert")
+  if model.moe_impl == "expert_parallel" and model.num_experts and expert_axis > 0:
+    need(model.num_experts % expert_axis == 0, "model.num_experts",
+         f"{model.num_experts} experts do not split over mesh.shape.expert={expert_axis} devices "
+         "(moe_impl='expert_parallel' needs num_experts % expert == 0)")
+  if st.sample.quant.scheme != "none":
+    quant.check(model, st.sample.quant)  # sample.quant_group_size against this architecture (shapes only)
+
+
+def tokenizer_end_ids(data: DataSettings, semantics: str = "hf") -> tuple[int, ...]:
+  """The automatic end ids (`sample.end_ids = ()`): EOS (1) for the byte and trained SentencePiece
+  tokenizers (with the byte tokenizer id 106 is the letter 'f'); for a tokenizer file, its EOS and, when
+  it has Gemma's chat pieces, its `<turn|>` (the end SFT trains on; Gemma 4: (1, 106)). Read from the file:
+  a foreign SentencePiece model may put EOS at 2 and an ordinary piece at 106. Without the file yet (a
+  converted checkpoint before its tokenizer is in place), Gemma 4's (1, 106). With semantics='official',
+  a Gemma 4 vocabulary (one with the turn pieces) also ends at `<begin_of_tool_response>` (50), as the
+  official sampler does."""
+  if data.tokenizer.kind != "file":
+    return (EOS_ID,)
+  ids = ((EOS_ID, END_OF_TURN_ID) if not os.path.isfile(data.tokenizer.path)
+         else _file_end_ids(data.tokenizer.path, os.stat(data.tokenizer.path).st_mtime_ns))
+  if semantics == "official" and len(ids) > 1:
+    ids = ids + (BEGIN_OF_TOOL_RESPONSE_ID,)
+  return ids
+
+
+@functools.lru_cache(maxsize=8)
+def _file_end_ids(path: str, mtime_ns: int) -> tuple[int, ...]:
+  del mtime_ns  # part of the cache key: a rewritten file is read again
+  try:
+    tokenizer = tokenizers.load_tokenizer_file(path)
+  except (ValueError, OSError) as e:
+    raise ConfigError(f"data.tokenizer.path: {e}") from e
+  return tokenizers.end_ids(tokenizer)
+
+
+# ---- editing a raw config (above the boundary: config files, command lines) ----------------------------
+
+def set_key(config: ml_collections.ConfigDict, dotted: str, value) -> None:
+  """config.<dotted> = value (lists become tuples); a key no group declares raises naming it."""
+  *parents, leaf = dotted.split(".")
+  node = config
+  for name in parents:
+    if name not in node or not isinstance(node[name], ml_collections.ConfigDict):
+      raise ConfigError(f"{dotted}: no config group {name!r} ({LIST_COMMAND})")
+    node = node[name]
+  if leaf not in node:
+    raise ConfigError(f"{dotted}: not a config key ({LIST_COMMAND})")
+  with node.ignore_type():
+    node[leaf] = tuple(value) if isinstance(value, list) else value
+
+
+def with_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:
+  """A copy of `config` with {dotted key: value} overrides ({'sample.max_denoising_steps': 8})."""
+  out = ml_collections.ConfigDict(config.to_dict())
+  for dotted, value in dict(overrides).items():
+    set_key(out, dotted, value)
+  return out
+
+
+# ---- config.json ---------------------------------------------------------------------------------------
+
+def to_json(config) -> str:
+  """A run's config.json text, from Settings (every key's value) or from a raw config."""
+  if isinstance(config, Settings):
+    return json.dumps(fields.to_raw(config), indent=2, sort_keys=True)
+  return config.to_json_best_effort(indent=2, sort_keys=True)
+
+
+def from_json(text: str, source: str | os.PathLike = "config.json") -> ml_collections.ConfigDict:
+  """The raw config of a config.json text, laid over today's defaults, so a run saved before a key existed still
+  loads, with that key at its default. Tuples come back as lists. A damaged text is an error naming `source`
+  (the file it was read from)."""
+  config = default_config()
+  values = files.parse_json(text, source)
+  if not isinstance(values, dict):
+    raise ConfigError(f"{source}: holds {type(values).__name__}, not a config (a JSON object)")
+  _merge(config, values)
+  return config
+
+
+def load_json(text: str, source: str | os.PathLike = "config.json") -> Settings:
+  """The Settings of a config.json text (`from_json`, then `from_config`)."""
+  return from_config(from_json(text, source))
+
+
+def _merge(config: ml_collections.ConfigDict, values: dict) -> None:
+  for key, value in values.items():
+    if isinstance(value, dict) and isinstance(config.get(key), ml_collections.ConfigDict):
+      _merge(config[key], value)
+    else:
+      with config.ignore_type():
+        config[key] = value
+
+
+__all__ = ["Settings", "from_config", "default_config", "to_json", "from_json", "load_json", "set_key",
+           "with_overrides", "tokenizer_end_ids", "model_differences", "architecture_differences",
+           "training_differences", "RUNTIME_MODEL_FIELDS", "DataSettings", "TokenizerSettings", "SudokuSettings",
+           "OptimizerSettings", "TrainSettings", "DistillSettings", "FinetuneSettings", "SampleSettings",
+           "EvalSettings", "MeshSettings", "MeshShape", "DiffusionSettings", "ModelConfig", "SamplerConfig"]

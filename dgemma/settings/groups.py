@@ -1,0 +1,284 @@
+"""The config groups declared here, each key once (dgemma/fields.py): data, opt, train, distill, finetune, sample
+(the request; the sampler's and the quantization's keys are declared by SamplerConfig and QuantConfig), eval and
+mesh. model (ModelConfig) and diffusion (DiffusionSettings) are declared in their packages. Each group checks
+its own keys and their relations when built; relations between groups are dgemma.settings' cross checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+from dgemma import fields, finetune as finetune_lib, mesh as mesh_lib, quant, tokenizers
+from dgemma.data import sources
+from dgemma.diffusion import distill as distill_lib
+from dgemma.fields import group, setting
+from dgemma.model.sharding import MESH_AXES
+from dgemma.sampling.config import SamplerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings:
+  GROUP: ClassVar[str] = "data.tokenizer"
+  kind: str = setting("sentencepiece", "'sentencepiece' (trained here on the data) | 'byte' | 'file'",
+                      choices=tokenizers.TOKENIZER_KINDS)
+  vocab_size: int = setting(8192, "pieces of a SentencePiece tokenizer trained here", lo=1)
+  path: str = setting("", "a SentencePiece .model or tokenizer.json file when kind == 'file'")
+
+  def __post_init__(self):
+    fields.check(self)
+    if self.kind == "sentencepiece":
+      tokenizers.check_sentencepiece_vocab_size(self.vocab_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class SudokuSettings:
+  GROUP: ClassVar[str] = "data.sudoku"
+  train_csv: str = setting("", "puzzle,solution CSV (python -m dgemma.tools.sudoku_csv); '' = generate")
+  validation_csv: str = setting("", "the same for the validation split; '' = generate")
+  num_train: int = setting(2000, "puzzles generated (unique solutions) when train_csv is empty", lo=0)
+  num_validation: int = setting(200, "... and when validation_csv is empty; cached under data.cache_dir/sudoku",
+                                lo=0)
+  min_blanks: int = setting(30, "blanks per generated puzzle ~ U{min_blanks..max_blanks}", lo=0, hi=64)
+  max_blanks: int = setting(45, "the most blanks of a generated puzzle", lo=0, hi=64)
+  augment: bool = setting(True, "train rows: a random validity-preserving symmetry per row (seeded)")
+  infill_givens: bool = setting(False, "the givens' canvas cells stay clean in training (unscored) and are held "
+                                "by the sampler's infilling in eval (diffusion runs only)")
+
+  def __post_init__(self):
+    fields.check(self)
+    fields.need(self.min_blanks <= self.max_blanks, "data.sudoku.min_blanks",
+                f"need min_blanks <= max_blanks, got {self.min_blanks}..{self.max_blanks}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+  """`config.data`: which text, how it is tokenized and packed (dgemma.data)."""
+  GROUP: ClassVar[str] = "data"
+  source: str = setting("shakespeare", "a record of dgemma.data.sources: 'shakespeare' (bundled) | 'files' | "
+                        "'tfds' | a study's source", choices=lambda: tuple(sources.SOURCES))
+  files: tuple = setting((), ".txt / .jsonl paths when source == 'files'", items=str)
+  txt_mode: str = setting("line", ".txt files: 'line' (one document per line) | 'file'", choices=("line", "file"))
+  jsonl_field: str = setting("text", ".jsonl: the field that holds the document")
+  tfds_name: str = setting("", "TFDS catalog name when source == 'tfds' (needs internet), e.g. 'lm1b'")
+  tfds_text_key: str = setting("text", "the TFDS feature that holds the text")
+  cache_dir: str = setting("data_cache", "built datasets, downloads, trained tokenizers")
+  validation_fraction: float = setting(0.05, "documents held out (deterministic by document hash)", lo=0.0, hi=1.0,
+                                       hi_open=True)
+  seq_len: int = setting(512, "packed sequence length = context + canvas", lo=1)
+  batch_size: int = setting(8, "global batch", lo=1)
+  shuffle: bool = setting(True, "shuffle the training documents (reshuffled each epoch)")
+  num_epochs: int = setting(0, "passes over the training split (0 = repeat forever)", lo=0)
+  encoding_errors: str = setting("strict", "invalid UTF-8 in data files: 'strict' (an error naming the file and "
+                                 "line) | 'replace' (U+FFFD for each bad byte)", choices=("strict", "replace"))
+  tokenizer: TokenizerSettings = group(TokenizerSettings, "the tokenizer (dgemma/tokenizers.py)")
+  sudoku: SudokuSettings = group(SudokuSettings, "the Sudoku source's rows [BOS, 81 puzzle | 81 solution digits]")
+  format: str = setting("text", "'text' (packed documents) | 'sft' (.jsonl prompt/response or chat records, "
+                        "dgemma/data/sft.py)", choices=("text", "sft"))
+  prompt_field: str = setting("prompt", "format='sft': the .jsonl field of the prompt ...")
+  response_field: str = setting("response", "... and of the response")
+  messages_field: str = setting("messages", "... or a chat: [{role, content}, ...], the last turn the response")
+  sft_overflow: str = setting("truncate_left", "prompt + earlier canvases > seq_len - canvas_len: drop the oldest "
+                              "context tokens ('truncate_left') or raise ('error')",
+                              choices=("truncate_left", "error"))
+
+  def __post_init__(self):
+    fields.check(self)
+    fields.need(bool(self.cache_dir), "data.cache_dir", "must name a directory")
+    fields.need(self.format != "sft" or self.source == "files", "data.format",
+                f"'sft' reads .jsonl records from data.files; set data.source='files' (got {self.source!r})")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+  """`config.opt`: global-norm clipping, then AdamW or Muon (dgemma/train/optimizer.py OPTIMIZERS); linear warmup
+  then cosine decay of every learning rate."""
+  GROUP: ClassVar[str] = "opt"
+  lr: float = setting(3e-4, "peak learning rate", lo=0.0, lo_open=True)
+  end_lr_fraction: float = setting(0.1, "the cosine decay ends at lr * this", lo=0.0, hi=1.0)
+  warmup_steps: int = setting(100, "linear warmup steps (<= train.num_steps)", lo=0)
+  b1: float = setting(0.9, "Adam beta1", lo=0.0, hi=1.0, hi_open=True)
+  b2: float = setting(0.95, "Adam beta2", lo=0.0, hi=1.0, hi_open=True)
+  eps: float = setting(1e-8, "Adam epsilon", lo=0.0, lo_open=True)
+  weight_decay: float = setting(0.01, "decoupled weight decay", lo=0.0)
+  grad_clip: float = setting(1.0, "global gradient-norm clip", lo=0.0, lo_open=True)
+  grad_accum_steps: int = setting(1, "micro-batches per step (scan; the same update as the whole batch)", lo=1)
+  state_dtype: str = setting("float32", "Adam mu / nu storage", choices=("float32", "bfloat16"))
+  optimizer: str = setting("adamw", "'adamw' | 'muon' (hidden matrices: orthogonalised momentum at muon_lr; the "
+                           "rest: Nesterov AdamW at lr, no weight decay; full training only); checked against "
+                           "dgemma.train.optimizer.OPTIMIZERS by the loop")
+  muon_lr: float = setting(0.02, "'muon': the matrices' peak learning rate (opt.lr: the other parameters')",
+                           lo=0.0, lo_open=True)
+  muon_momentum: float = setting(0.95, "'muon': the matrices' (Nesterov) momentum", lo=0.0, hi=1.0, hi_open=True)
+
+  def __post_init__(self):
+    fields.check(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """`config.train`: the loop, checkpoints and what to do with a non-finite step (dgemma.train.loop)."""
+  GROUP: ClassVar[str] = "train"
+  num_steps: int = setting(1000, "optimizer steps of the run", lo=1)
+  log_every: int = setting(10, "steps per train metrics row", lo=1)
+  eval_every: int = setting(200, "steps per validation pass", lo=1)
+  eval_batches: int = setting(4, "batches per validation pass", lo=1)
+  ckpt_every: int = setting(200, "steps per checkpoint", lo=1)
+  keep_checkpoints: int = setting(3, "checkpoints kept (the oldest rotated away)", lo=1)
+  async_checkpointing: bool = setting(True, "write checkpoints while training goes on")
+  progress_bar: bool = setting(True, "a tqdm progress bar")
+  init_from: str = setting("", "a checkpoint of any kind (a run's latest step, params, adapter, HF directory) to "
+                           "start from; params only")
+  nonfinite: str = setting("halt", "a non-finite loss, gradient norm or state: 'halt' (error naming the step; "
+                           "nothing non-finite is saved) | 'skip' (drop that update and count it)",
+                           choices=("halt", "skip"))
+  max_nonfinite_skips: int = setting(10, "nonfinite='skip': halt after this many in a row", lo=1)
+  restore_step: int = setting(-1, "resume from this step of the workdir (-1 = the latest)", lo=-1)
+  on_corrupt_checkpoint: str = setting("fallback", "a checkpoint that cannot be read on resume: 'fallback' (move it "
+                                       "to WORKDIR/corrupt/, restore the previous step) | 'error'",
+                                       choices=("fallback", "error"))
+
+  def __post_init__(self):
+    fields.check(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSettings:
+  """`config.distill`: Duo's discrete consistency distillation into a few-step student (dgemma/diffusion/distill.py;
+  configs/distill_dcd.py): rounds of round_steps steps, each from a frozen copy of the student as teacher."""
+  GROUP: ClassVar[str] = "distill"
+  method: str = setting("none", "'none' | 'dcd'", choices=distill_lib.METHODS)
+  teacher_steps: int = setting(64, "round 0's dt = 1 / teacher_steps", lo=1)
+  student_steps: int = setting(4, "the last rounds' dt = 1 / student_steps (teacher_steps / student_steps a power "
+                               "of 2)", lo=1)
+  round_steps: int = setting(100, "training steps per round (the teacher is refreshed at each start)", lo=1)
+  divergence: str = setting("kl_fwd", "'kl_fwd' KL(teacher || student) | 'kl_bwd' KL(student || teacher)",
+                            choices=lambda: tuple(distill_lib.DIVERGENCES))
+
+  def __post_init__(self):
+    fields.check(self)
+    ratio = self.teacher_steps / self.student_steps
+    fields.need(self.teacher_steps % self.student_steps == 0 and ratio >= 1 and math.log2(ratio).is_integer(),
+                "distill.teacher_steps", f"teacher_steps / student_steps must be a power of 2 (dt doubles each "
+                f"round), got {self.teacher_steps} / {self.student_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneSettings:
+  """`config.finetune` (dgemma/finetune.py, dgemma/model/lora.py): which parameters train, LoRA adapters."""
+  GROUP: ClassVar[str] = "finetune"
+  mode: str = setting("full", "'full' (every parameter) | 'lora' (only LoRA adapters, B = 0 at the start) | "
+                      "'head_only' (self-conditioning in full plus decoder-only adapters)",
+                      choices=finetune_lib.MODES)
+  lora_rank: int = setting(8, "r of every adapter (lora / head_only)", lo=1)
+  lora_alpha: float = setting(16.0, "adapter scale = lora_alpha / lora_rank", lo=0.0, lo_open=True)
+  lora_targets: tuple = setting(("all",), "adapted module kinds: 'all' or a subset of "
+                                "attn, mlp, experts, router, self_conditioning", items=str)
+  freeze_router: bool = setting(False, "router weights stay fixed (full: frozen; lora / head_only: no router "
+                                "adapters)")
+  save_adapter: bool = setting(True, "lora / head_only: also write WORKDIR/adapter/ at the end of training")
+
+  def __post_init__(self):
+    fields.check(self)
+    finetune_lib.lora_config(self)  # the targets, and what is left to train
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleSettings:
+  """`config.sample`: one generation request (prompt, rows, length, seed, which checkpoint step, outputs), the
+  sampler's static settings (`sampler`, whose keys SamplerConfig declares) and weight quantization at load
+  (`quant`, QuantConfig's keys)."""
+  GROUP: ClassVar[str] = "sample"
+  prompt: str = setting("", "text after BOS; with max_new_tokens it must fit max_context")
+  num_samples: int = setting(1, "rows generated from the prompt", lo=1)
+  max_new_tokens: int = setting(256, "response length cap, generated canvas by canvas", lo=1)
+  seed: int = setting(0, "sampling seed (row b draws from fold_in(key(seed), b))")
+  checkpoint_step: int = setting(-1, "a run's checkpoint step to sample (-1 = the latest)", lo=-1)
+  trajectory_html: str = setting("", "write one denoising trajectory as HTML here")
+  infill: tuple = setting((), "((response position, token id), ...) held fixed in every row", items="pair")
+  end_ids_setting: tuple = setting((), "tokens that end a response; () = auto: EOS (1), plus <turn|> (106) for a "
+                                   "tokenizer file", items=int, key="end_ids")
+  sampler: SamplerConfig = group(SamplerConfig, "the sampler", flatten=True)
+  quant: quant.QuantConfig = group(quant.QuantConfig, "weight-only quantization at load", flatten=True)
+
+  def __post_init__(self):
+    fields.check(self)
+    for pos, token in self.infill:
+      fields.need(pos >= 0 and token >= 0, "sample.infill", f"positions and token ids are >= 0, got {(pos, token)}")
+      fields.need(pos < self.max_new_tokens, "sample.infill",
+                  f"position {pos} is outside the response [0, sample.max_new_tokens={self.max_new_tokens})")
+
+  @property
+  def end_ids(self) -> tuple[int, ...]:
+    return self.sampler.end_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+  """`config.eval` (eval/likelihood.py, eval/samples.py; flags of the same name override)."""
+  GROUP: ClassVar[str] = "eval"
+  split: str = setting("validation", "the split training's validation pass and eval tools read")
+  data: str = setting("", "likelihood: a .txt/.jsonl file or a split name of the run's dataset ('' = eval.split)")
+  max_documents: int = setting(0, "likelihood: the first this many documents (0 = all)", lo=0)
+  max_tokens: int = setting(0, "likelihood: at most this many tokens of each document, cut at whitespace (0 = "
+                            "whole documents)", lo=0)
+  context_len: int = setting(0, "likelihood: clean tokens each canvas conditions on (0 = data.seq_len - canvas_len)",
+                             lo=0)
+  num_t_samples: int = setting(8, "likelihood: antithetic Monte-Carlo t samples per canvas", lo=1)
+  self_conditioning: bool = setting(True, "likelihood: x_theta from the two-pass self-conditioned decoder")
+  batch_size: int = setting(32, "likelihood: canvases per forward pass", lo=1)
+  num_samples: int = setting(16, "samples: how many samples (rows of one generate call)", lo=1)
+  prompts: str = setting("", "samples: a prompts file (.txt lines / .jsonl 'prompt'), used cyclically")
+  reference: str = setting("", "samples: an AR checkpoint for generative perplexity; likelihood: any checkpoint "
+                           "scored on the same canvases for a paired ratio")
+  ar_temperature: float = setting(1.0, "samples from an AR checkpoint: 0 = greedy", lo=0.0)
+  real_words: str = setting("", "samples: real_word_rate against the words of 'train' or of a .txt file")
+  truth: str = setting("", "samples: a Markov source's truth.json: the samples' exact bits per byte")
+  samples_out: str = setting("", "samples: write every sample as JSONL here")
+  out: str = setting("", "likelihood / samples: write the summary JSON here")
+  seed: int = setting(0, "noise for the likelihood's t and z_t draws, and for training's validation pass")
+
+  def __post_init__(self):
+    fields.check(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+  GROUP: ClassVar[str] = "mesh.shape"
+  data: int = setting(-1, "data-parallel devices (-1 = the remaining devices)", lo=-1)
+  fsdp: int = setting(1, "devices the parameters are sharded over", lo=-1)
+  expert: int = setting(1, "devices the experts are split over (moe_impl='expert_parallel')", lo=-1)
+  tensor: int = setting(1, "tensor-parallel devices", lo=-1)
+
+  def __post_init__(self):
+    fields.check(self)
+    for axis in MESH_AXES:
+      fields.need(getattr(self, axis) != 0, f"mesh.shape.{axis}", "must be positive or -1 (= the remaining devices)")
+    fields.need(sum(1 for axis in MESH_AXES if getattr(self, axis) == -1) <= 1, "mesh.shape",
+                "at most one axis may be -1")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings:
+  """`config.mesh`: axis sizes of (data, fsdp, expert, tensor) and the logical axis rules (dgemma/mesh.py);
+  presets in configs/mesh/."""
+  GROUP: ClassVar[str] = "mesh"
+  preset: str = setting("cpu_host", "informational: the preset (configs/mesh/) the values came from",
+                        compare=False)
+  sizes: MeshShape = group(MeshShape, "axis sizes", key="shape")
+  axis_rules: tuple = setting(mesh_lib.AXIS_RULES, "logical axis -> mesh axes, for parameters and activations",
+                              items="rule")
+
+  def __post_init__(self):
+    fields.check(self)
+    fields.need(any(name == "batch" for name, _ in self.axis_rules), "mesh.axis_rules",
+                "no rule for the logical axis 'batch'")
+
+  @property
+  def shape(self) -> tuple[tuple[str, int], ...]:
+    """((axis, size), ...) over (data, fsdp, expert, tensor), as dgemma.mesh.make_mesh takes it."""
+    return tuple((axis, getattr(self.sizes, axis)) for axis in MESH_AXES)
+
+  def size(self, axis: str) -> int:
+    return getattr(self.sizes, axis)
