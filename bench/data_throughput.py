@@ -1,7 +1,7 @@
 """Host time to make one training batch: the data pipeline alone, no model (what bounds the steps per second
 when the device step is shorter, as on a GPU).
 
-  .venv/bin/python bench/data_throughput.py --config=configs/sudoku_gpu.py \
+  .venv/bin/python bench/data_throughput.py --config=proj/sudoku/configs/sudoku_gpu.py \
       --config.data.sudoku.train_csv=/work/sudoku/data/train.csv [--batches=100 --rounds=3]
 
 Builds the config's training stream exactly as the train loop does (`dgemma.data.make_iterator`, split 'train'),

@@ -1,6 +1,6 @@
 """Interleaved A/B of train-step variants of one config: which change makes the step faster on this machine.
 
-  .venv/bin/python bench/train_ab.py --config=configs/sudoku.py \
+  .venv/bin/python bench/train_ab.py --config=proj/sudoku/configs/sudoku.py \
       --config.data.sudoku.train_csv=/work/sudoku/data/train.csv \
       --variant=scan:model.scan_layers=True --variant=unrolled:model.scan_layers=False [--rounds=6 --steps=5]
 

@@ -9,7 +9,7 @@
   python train.py --config=configs/demo.py --workdir=workdirs/demo_long \
       --config.train.num_steps=3000 --config.opt.lr=2e-3
 
-Measured choices (docs/results.md, "A demo a reader recognises"):
+Measured choices (docs/experiments/demo.md):
 - 8,192 SentencePiece pieces instead of 2,048. Most words are one piece, so the model's mistakes fall
   between words more often than inside them.
 - Three canvases per row (`diffusion.canvases_per_row=3`): 3x the scored canvas tokens per step.

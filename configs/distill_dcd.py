@@ -13,7 +13,7 @@ optimizer and the loop change. Rounds: distill.teacher_steps = 64 to student_ste
 round_steps each (dgemma/diffusion/distill.py); a checkpoint ends every round, so the round whose dt is
 1 / 8 (step 4 * round_steps) is the 8-step student.
 
-Measured (docs/results.md, "Discrete consistency distillation"): on an order-1 Markov source, rounds of 80
+Measured (docs/experiments/distillation.md): on an order-1 Markov source, rounds of 80
 steps gave no measurable few-step gain and rounds of 400 (--config.distill.teacher_steps=16
 --config.distill.round_steps=400 --config.train.num_steps=1200) did; lengthen the rounds for real use.
 Without an argument the file describes the demo (so it validates on its own), and training refuses to start

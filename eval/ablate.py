@@ -57,7 +57,7 @@ MetricFn = Callable[[dgemma.Model], dict]
 METRICS: dict[str, Union[str, MetricFn]] = {
     "samples": "eval.samples:ablation_metrics",
     "likelihood": "eval.likelihood:ablation_metrics",
-    "sudoku": "eval.sudoku:ablation_metrics",
+    "sudoku": "proj.sudoku.eval:ablation_metrics",
 }
 
 ABLATION_FIELDS = ("base", "checkpoint", "overrides", "settings", "metric", "plots", "out_dir")

@@ -2,13 +2,13 @@
 
   python -m eval.likelihood_curve --runs=diffusion=workdirs/ll_small,ar=workdirs/ll_ar \\
       --data=data_cache/markov/valid.txt --truth=data_cache/markov/truth.json \\
-      --out_dir=docs/results/likelihood_small
+      --out_dir=ll_curve
 
 Each checkpoint step of each run is scored with `dgemma.load(run, step=...).score(texts)` (the estimator of
 eval.likelihood: a NELBO bound for diffusion runs, the exact NLL for AR ones) with the run's own eval
 settings. Training minutes at a step are the sum of the run's logged train windows up to it (metrics.jsonl:
 log_every steps of batch x seq_len tokens at the window's tokens/s; evaluation and checkpointing excluded).
---truth: the truth.json of dgemma/tools/markov_text.py: the chain is rebuilt from it and the exact bits per
+--truth: the truth.json of proj/markov/make_text.py: the chain is rebuilt from it and the exact bits per
 byte of the scored documents are the ratio column's denominator and the plot's reference line.
 Writes out_dir/curve.json, curve.csv and bound_vs_minutes.png.
 """
@@ -24,7 +24,8 @@ from absl import flags
 import dgemma
 from dgemma import files, report
 from dgemma.checkpoints import workdir as workdir_lib
-from dgemma.data import builder as builder_lib, markov
+from dgemma.data import builder as builder_lib
+from proj.markov import data as markov
 from dgemma.errors import ConfigError
 from dgemma.tools import cli
 from dgemma.train import metrics as metrics_lib
@@ -38,7 +39,7 @@ def define_flags() -> None:
   _FLAGS["runs"] = flags.DEFINE_string("runs", None, "Comma-separated NAME=WORKDIR pairs.", required=True)
   _FLAGS["data"] = flags.DEFINE_string("data", None,
                                        "A .txt (one document per line) or .jsonl file to score.", required=True)
-  _FLAGS["truth"] = flags.DEFINE_string("truth", "", "truth.json of dgemma.tools.markov_text (optional).")
+  _FLAGS["truth"] = flags.DEFINE_string("truth", "", "truth.json of proj.markov.make_text (optional).")
   _FLAGS["out_dir"] = flags.DEFINE_string("out_dir", None,
                                           "Where curve.json, curve.csv and the plot go.", required=True)
   _FLAGS["max_documents"] = flags.DEFINE_integer("max_documents", 0,

@@ -20,7 +20,7 @@ reference, samples_out, out) in configs/base.py; flags of the same name override
                      yardstick ('train' with a validation split only), and unigram_entropy_heldout: the
                      unigram entropy of consecutive held-out pieces as long as the samples' mean length
   truth_bits_per_byte  with eval.truth (a Markov source's truth.json): the samples' exact bits per byte under
-                     the source, beside its entropy rate truth_entropy_rate_bits (dgemma.data.markov.sample_scores)
+                     the source, beside its entropy rate truth_entropy_rate_bits (proj.markov.data.sample_scores)
   decoder_passes     mean forward passes per sample (AR: one per token); passes_per_canvas; tokens_per_forward
   wall_s, tokens_per_s  one generate call, compiled beforehand (compile + first call: first_call_s)
 
@@ -46,7 +46,7 @@ import numpy as np
 import dgemma
 from dgemma import api, checkpoints, files
 from dgemma.data import builder as data_builder
-from dgemma.data import markov
+from proj.markov import data as markov
 from dgemma.data import pipeline
 from dgemma.diffusion.likelihood import causal_nll
 from dgemma.errors import ConfigError

@@ -2,7 +2,7 @@
 and the first step (and minute) at which each run reaches a threshold.
 
   python -m eval.validation_curve --runs=plain=workdirs/demo,duo=workdirs/demo_duo --metric=canvas_ce \
-      --threshold=4.0 --out_dir=docs/results/duo_curriculum
+      --threshold=4.0 --out_dir=duo_demo
 
 Reads each run's eval records (metrics.jsonl, split 'eval', written every train.eval_every steps) without
 loading weights. Minutes are training minutes (dgemma.train.metrics.train_minutes: evaluation and

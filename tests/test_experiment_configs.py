@@ -10,7 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from configs import pretrain_small, sft_jsonl, sudoku_gpu
+from configs import pretrain_small, sft_jsonl
+from proj.sudoku.configs import sudoku_gpu
 from dgemma import settings as settings_lib
 from dgemma.tools import params as params_tool
 from dgemma.train import loop
@@ -42,7 +43,7 @@ def test_full_size_configs_validate():
   assert settings_lib.from_config(pretrain_small.get_config()).model.d_model == 256  # the small preset
   config = sft_jsonl.get_config("a.jsonl,b.jsonl")
   assert config.data.files == ("a.jsonl", "b.jsonl") and settings_lib.from_config(config).model.d_model == 256
-  gpu = settings_lib.from_config(sudoku_gpu.get_config())  # the GPU Sudoku run (docs/results.md): 4 + 2 layers, ~6M
+  gpu = settings_lib.from_config(sudoku_gpu.get_config())  # the GPU Sudoku run (docs/experiments/sudoku.md): 4 + 2 layers, ~6M
   assert gpu.data.batch_size == 256 and gpu.model.decoder_head_layers == 2
   assert 5.5e6 < params_tool.count_params(gpu.model)["total"] < 6.5e6
 
@@ -63,8 +64,8 @@ def test_sft_jsonl_runs(tmp_path):
 
 
 def test_likelihood_small_trains_on_a_text_file(tmp_path):
-  from configs import likelihood_small
-  from dgemma.data import markov
+  from proj.markov.configs import likelihood_small
+  from proj.markov import data as markov
   markov.write_splits(str(tmp_path / "mk"), num_train=40, num_valid=2, length=300, order=2, concentration=0.1, seed=0)
   full = likelihood_small.get_config(str(tmp_path / "mk" / "train.txt"))
   st = settings_lib.from_config(full)  # valid at full size, byte tokens on the given file
@@ -75,10 +76,10 @@ def test_likelihood_small_trains_on_a_text_file(tmp_path):
   K = config.diffusion.canvases_per_row
   train_rows = _run(config, tmp_path / "wd")
   assert all(r["canvas_tokens"] == 2 * K * 8 for r in train_rows)
-  # eval.markov_profile on it: the exact denoiser's integrand beats a 2-step model's at every t
+  # proj.markov.profile on it: the exact denoiser's integrand beats a 2-step model's at every t
   import json as json_lib
   import dgemma
-  from eval import markov_profile
+  from proj.markov import profile as markov_profile
   chain = markov.chain_of_truth(json_lib.loads((tmp_path / "mk" / "truth.json").read_text()))
   texts = (tmp_path / "mk" / "valid.txt").read_text().splitlines()
   rows = markov_profile.profile(dgemma.load(str(tmp_path / "wd")), chain, texts, grid=(0.1, 0.6), draws=1)

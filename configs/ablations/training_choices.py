@@ -37,7 +37,7 @@ def get_config():
   # the steps-vs-quality sweep, so the two sweeps' numbers are comparable
   config = steps_quality.get_config()
   config.out_dir = "ablations/training_choices"
-  # --config.metric=likelihood: the bound on the validation split as docs/results.md's likelihood table
+  # --config.metric=likelihood: the bound on the validation split as docs/experiments/training_choices.md's likelihood table
   # measures it (the first 2048 tokens of each held-out work, 8 antithetic t samples per canvas)
   config.overrides = tuple(config.overrides) + (("eval.max_tokens", 2048), ("eval.num_t_samples", 8))
   vocab = demo.get_config().model.vocab_size

@@ -7,12 +7,14 @@
                                          with an exactly-resumable JSON state
 
 and callers go through `prepare` / `make_iterator` below. `settings` is a `dgemma.settings.Settings`.
-Adding a source touches this table and the source's own module (and its test).
+Adding a source touches this table (or, for a study, `STUDY_SOURCES`) and the source's own module (and its test).
 
   shakespeare  the bundled Shakespeare corpus (dgemma/data/shakespeare.py), packed text
   files        the user's .txt / .jsonl files, packed text, or SFT rows with data.format='sft'
   tfds         a TFDS catalog dataset (needs internet the first time), packed text
-  sudoku       fixed rows [BOS, puzzle | solution] (dgemma/data/sudoku.py)
+and a study's source (proj/<study>/, registered by `register` when its module is imported; `STUDY_SOURCES`
+lists the modules imported before the table is read, so a config naming one works without importing it first):
+  sudoku       fixed rows [BOS, puzzle | solution] (proj/sudoku/data.py)
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import dataclasses
 import os
 from typing import Callable
 
-from dgemma.data import builder, pipeline, sudoku
+import importlib
+
+from dgemma.data import builder, pipeline
 from dgemma.data.pipeline import DataIterator, PreparedData
 from dgemma.errors import ConfigError
 
@@ -51,13 +55,35 @@ SOURCES: dict[str, DataSource] = {s.name: s for s in (
     DataSource("shakespeare", _no_checks, pipeline.prepare_local, pipeline.make_text_iterator),
     DataSource("files", _validate_files, pipeline.prepare_local, pipeline.make_text_iterator),
     DataSource("tfds", _validate_tfds, pipeline.prepare_tfds, pipeline.make_text_iterator),
-    DataSource("sudoku", sudoku.validate, sudoku.prepare, sudoku.make_iterator),
 )}
+STUDY_SOURCES = ("proj.sudoku.data",)  # modules that register a study's source when imported
+_studies_loaded = False
+
+
+def register(source: DataSource) -> DataSource:
+  """Adds a study's source to SOURCES (its module calls this when imported)."""
+  SOURCES[source.name] = source
+  return source
+
+
+def names() -> tuple[str, ...]:
+  """Every source's name, the studies' included (their modules imported on the first call; a study that is not
+  installed, e.g. dgemma without its proj/ folder, is left out)."""
+  global _studies_loaded
+  if not _studies_loaded:
+    _studies_loaded = True
+    for module in STUDY_SOURCES:
+      try:
+        importlib.import_module(module)
+      except ModuleNotFoundError as e:
+        if not module.startswith(str(e.name)):
+          raise
+  return tuple(SOURCES)
 
 
 def get(name: str) -> DataSource:
-  if name not in SOURCES:
-    raise ConfigError(f"data.source: {name!r} not in {tuple(SOURCES)}")
+  if name not in names():
+    raise ConfigError(f"data.source: {name!r} not in {names()}")
   return SOURCES[name]
 
 

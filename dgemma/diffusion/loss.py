@@ -22,8 +22,7 @@ as many as the configured canvases cover), block-causally as above, with their o
 `short_canvas_weight` * (their canvas loss) to (1 - short_canvas_weight) * (the configured canvases' loss). The
 encoder then reads the row up to the last canvas of the shorter kind, and each decoder pass reads the cache
 only up to its own canvases' start, so every canvas still sees exactly the clean text before it. Short
-canvases put every target within S tokens of clean text: on the Markov source (docs/results.md, "A diffusion
-likelihood against the truth") a 32-token canvas loss alone leaves the decoder predicting letter frequencies
+canvases put every target within S tokens of clean text: on the Markov source (docs/experiments/likelihood_small.md) a 32-token canvas loss alone leaves the decoder predicting letter frequencies
 for hundreds of steps, and two-token canvases in every step teach it to read its context. The short pass
 has no self-conditioning (its signal is zero, as at the sampler's first step) and is training only:
 evaluation (`eval_metrics`) scores the configured canvases alone, so runs with and without it compare.

@@ -29,7 +29,7 @@ Objectives (`per_token_loss(name, ...)`):
                      their sum is too; loo_ce's bounded per-token loss keeps learning where the NELBO
                      alone stalls, and the NELBO's clean-token term (about 1 / (N x_theta[z]) for a kept
                      token, whatever t) stops the network from learning "never my own input token",
-                     which loo_ce alone does not penalise at low noise (docs/results.md, issue #18).
+                     which loo_ce alone does not penalise at low noise (docs/experiments/likelihood_small.md, point 4).
   loo_replaced_ce    CE(softmax(f), x) only where the forward process drew a fresh token (its draw mask
                      `replaced_N`, which counts a draw that returned x); 0 at kept tokens. A drawn token is
                      independent of x_i, so p(x_i | z, drawn) = p(x_i | z_-i): the loss is proper for the

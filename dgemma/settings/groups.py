@@ -35,7 +35,7 @@ class TokenizerSettings:
 @dataclasses.dataclass(frozen=True)
 class SudokuSettings:
   GROUP: ClassVar[str] = "data.sudoku"
-  train_csv: str = setting("", "puzzle,solution CSV (python -m dgemma.tools.sudoku_csv); '' = generate")
+  train_csv: str = setting("", "puzzle,solution CSV (python -m proj.sudoku.make_csv); '' = generate")
   validation_csv: str = setting("", "the same for the validation split; '' = generate")
   num_train: int = setting(2000, "puzzles generated (unique solutions) when train_csv is empty", lo=0)
   num_validation: int = setting(200, "... and when validation_csv is empty; cached under data.cache_dir/sudoku",
@@ -57,7 +57,7 @@ class DataSettings:
   """`config.data`: which text, how it is tokenized and packed (dgemma.data)."""
   GROUP: ClassVar[str] = "data"
   source: str = setting("shakespeare", "a record of dgemma.data.sources: 'shakespeare' (bundled) | 'files' | "
-                        "'tfds' | a study's source", choices=lambda: tuple(sources.SOURCES))
+                        "'tfds' | a study's source ('sudoku')", choices=sources.names)
   files: tuple = setting((), ".txt / .jsonl paths when source == 'files'", items=str)
   txt_mode: str = setting("line", ".txt files: 'line' (one document per line) | 'file'", choices=("line", "file"))
   jsonl_field: str = setting("text", ".jsonl: the field that holds the document")

@@ -1,7 +1,7 @@
 """Copy a training workdir into the other layer layout (model.scan_layers), so that it resumes there exactly.
 
   python -m dgemma.tools.relayout --workdir=workdirs/sudoku --out=workdirs/sudoku_unrolled --scan_layers=False
-  python train.py --config=configs/sudoku.py --workdir=workdirs/sudoku_unrolled --config.train.num_steps=8000
+  python train.py --config=proj/sudoku/configs/sudoku.py --workdir=workdirs/sudoku_unrolled --config.train.num_steps=8000
 
 A run's checkpoints keep the layout it was trained with (`nn.scan` over stacked blocks, or one unrolled
 block: dgemma/checkpoints/layout.py), and resuming a workdir with the other one is refused, since one

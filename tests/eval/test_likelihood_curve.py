@@ -7,7 +7,7 @@ import pytest
 
 import dgemma
 from dgemma.checkpoints import workdir as workdir_lib
-from dgemma.data import markov
+from proj.markov import data as markov
 from dgemma.errors import ConfigError
 from dgemma.train import metrics as metrics_lib
 from eval import likelihood_curve

@@ -177,7 +177,8 @@ def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus
   with pytest.raises(ConfigError, match="settings 'masked'.*sample.sampler"):
     ablate.check_ablation(bad)
   # the shipped sweeps are valid
-  from configs.ablations import pc_sampler, renoise_sudoku, steps_quality, training_choices
+  from configs.ablations import pc_sampler, steps_quality, training_choices
+  from proj.sudoku.configs import renoise as renoise_sudoku
   assert len(ablate.check_ablation(steps_quality.get_config())) == 10
   pcs = ablate.check_ablation(pc_sampler.get_config())
   assert len(pcs) == 15 and not any(ablate._needs_training(overrides) for _, _, overrides in pcs)

@@ -118,7 +118,7 @@ def test_options_and_objective_are_checked(tmp_path):
     dataclasses.replace(CFG, decoder_two_stream=True, decoder_shift=True)
   with pytest.raises(ConfigError, match="model.decoder_right_readout"):
     dataclasses.replace(TWO, decoder_right_readout=1)
-  from configs import likelihood_small
+  from proj.markov.configs import likelihood_small
   config = likelihood_small.get_config("unused.txt")
   assert settings_lib.from_config(config).objective.needs_two_stream
   config.model.decoder_two_stream = False

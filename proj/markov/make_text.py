@@ -1,13 +1,13 @@
 """Writes documents of a seeded order-k character Markov chain, with their exact bits per byte.
 
-  python -m dgemma.tools.markov_text --out_dir=data_cache/markov --num_train=4000 --num_valid=64 \\
+  python -m proj.markov.make_text --out_dir=data_cache/markov --num_train=4000 --num_valid=64 \\
       --length=1000 --order=2 --concentration=0.1 --seed=0
 
 out_dir/train.txt and out_dir/valid.txt hold one document per line (data.txt_mode='line'); out_dir/truth.json
-holds the chain's entropy rate and the exact bits per byte of each file (dgemma/data/markov.py). Train and
+holds the chain's entropy rate and the exact bits per byte of each file (proj/markov/data.py). Train and
 validation documents come from independent seed streams. Then, for example:
 
-  python train.py --config=configs/likelihood_small.py:data_cache/markov/train.txt --workdir=workdirs/markov
+  python train.py --config=proj/markov/configs/likelihood_small.py:data_cache/markov/train.txt --workdir=workdirs/markov
   python -m eval.likelihood --checkpoint=workdirs/markov --data=data_cache/markov/valid.txt
 """
 
@@ -15,7 +15,7 @@ import time
 
 from absl import flags
 
-from dgemma.data import markov
+from proj.markov import data as markov
 from dgemma.tools import cli
 
 _OUT_DIR = flags.DEFINE_string("out_dir", None, "Directory for train.txt, valid.txt and truth.json.", required=True)
@@ -39,4 +39,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, "dgemma.tools.markov_text", user_errors=(ValueError,))
+  cli.run(main, "proj.markov.make_text", user_errors=(ValueError,))

@@ -1,19 +1,19 @@
 """Sudoku benchmark: solve held-out puzzles with a trained run, report solve rate and cell accuracy.
 
-  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv
-  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv --renoise=none   # ablation
-  python -m eval.sudoku --checkpoint=workdirs/sudoku_ar --puzzles=data/sudoku/test.csv     # AR baseline (greedy)
+  python -m proj.sudoku.eval --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv
+  python -m proj.sudoku.eval --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv --renoise=none   # ablation
+  python -m proj.sudoku.eval --checkpoint=workdirs/sudoku_ar --puzzles=data/sudoku/test.csv     # AR baseline (greedy)
   # any sampler setting of configs/base.py's `sample` group, e.g. fewer denoising steps:
-  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --set=max_denoising_steps=16
-  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --set=quantize=int8  # int8 / int4 weights
-  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --candidates=8   # generate and verify
-  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=test.csv --probe=1,5,15,0  # hole-filling probe
+  python -m proj.sudoku.eval --checkpoint=workdirs/sudoku --puzzles=test.csv --set=max_denoising_steps=16
+  python -m proj.sudoku.eval --checkpoint=workdirs/sudoku --puzzles=test.csv --set=quantize=int8  # int8 / int4 weights
+  python -m proj.sudoku.eval --checkpoint=workdirs/sudoku --puzzles=test.csv --candidates=8   # generate and verify
+  python -m proj.sudoku.eval --checkpoint=workdirs/sudoku --puzzles=test.csv --probe=1,5,15,0  # hole-filling probe
 
 The run's own config.json gives the model and data settings. Diffusion runs decode each puzzle with
 `dgemma.sampling.generate` (the released entropy-bound sampler with re-noising of non-accepted cells by
 default; `--renoise=none` keeps them instead); runs trained with diffusion.objective='ar' decode the 81
 digits greedily with `dgemma.sampling.ar_generate`. The prompt is [BOS] + the 81 puzzle digits, exactly
-the context of the training rows (dgemma/data/sudoku.py). A run trained with data.sudoku.infill_givens
+the context of the training rows (proj/sudoku/data.py). A run trained with data.sudoku.infill_givens
 also holds each puzzle's givens in the canvas (the sampler's infilling), as its training did.
 
 Generate and verify (`--candidates=N`, diffusion runs): a puzzle whose sample breaks the rules (a row,
@@ -34,7 +34,7 @@ makes of it; written to <checkpoint>/sudoku_probe.json.
 
 Metrics (every puzzle counts; a prediction with a non-digit or a missing cell is simply wrong there):
   solve_rate     fraction of puzzles whose prediction is a valid grid (every row, column and box holds
-                 1..9) that keeps every given (`dgemma.data.sudoku.is_solution`);
+                 1..9) that keeps every given (`proj.sudoku.data.is_solution`);
   cell_accuracy  fraction of all 81 x N cells equal to the reference solution;
   blank_accuracy the same over the puzzles' blank cells only;
   solve_rate_by_blanks  {"30-34": {"puzzles", "solve_rate"}, ...}: the solve rate within bands of 5 blanks.
@@ -58,7 +58,7 @@ import dgemma
 from dgemma import api, checkpoints, files, tokenizers
 from dgemma import data as data_lib
 from dgemma import settings as settings_lib
-from dgemma.data import sudoku
+from proj.sudoku import data as sudoku
 from dgemma.errors import ConfigError
 from dgemma.model import Transformer
 from dgemma.sampling import ar_generate, check_request, generate

@@ -1,13 +1,12 @@
 """Diffusion likelihood recipe: a demo-size model trained on a text file (one document per line), byte tokens.
 
-  python -m dgemma.tools.markov_text --out_dir=data_cache/markov      # a source with a known entropy rate
-  python train.py --config=configs/likelihood_small.py:data_cache/markov/train.txt --workdir=workdirs/ll_small
+  python -m proj.markov.make_text --out_dir=data_cache/markov      # a source with a known entropy rate
+  python train.py --config=proj/markov/configs/likelihood_small.py:data_cache/markov/train.txt --workdir=workdirs/ll_small
   python -m eval.likelihood --checkpoint=workdirs/ll_small --data=data_cache/markov/valid.txt
   python -m eval.likelihood_curve --runs=recipe=workdirs/ll_small --data=data_cache/markov/valid.txt \\
       --truth=data_cache/markov/truth.json --out_dir=ll_curve              # every checkpoint against minutes
 
-The best diffusion recipe found here for a likelihood bound (docs/results.md, "A diffusion likelihood against
-the truth"): a decoder blind to each position's own noisy token (`model.decoder_two_stream`: position p is scored
+The best diffusion recipe found here for a likelihood bound (docs/experiments/likelihood_small.md): a decoder blind to each position's own noisy token (`model.decoder_two_stream`: position p is scored
 from a forward pass over the canvas at p - 1 and a backward pass at p + 1, with the shifted output's encoder
 logits at the canvas's first position, `model.decoder_shift`), trained with `blind_ce`, a plain cross-entropy at
 every canvas position, which for such a network is a proper loss for the leave-one-out distribution the NELBO
@@ -25,22 +24,22 @@ The canvas length sets how far from AR the model is (point 17): 8-32 tokens give
 (a block-diffusion model two tokens from AR) reach 1.08 in the same minutes, and one-token canvases are the AR
 model.
   # the previous recipe (AdamW, uniform t):
-  python train.py --config=configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_adamw \\
+  python train.py --config=proj/markov/configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_adamw \\
       --config.opt.optimizer=adamw --config.diffusion.t_mixture="()"
   # the released decoder (HF parity), or any other override:
-  python train.py --config=configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_released \\
+  python train.py --config=proj/markov/configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_released \\
       --config.model.decoder_shift=False --config.model.decoder_two_stream=False --config.diffusion.objective=loo_ce \\
       --config.opt.optimizer=adamw --config.diffusion.t_mixture="()"
   # the previous recipe (loo_ce, two right readouts):
-  python train.py --config=configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_rr2 \\
+  python train.py --config=proj/markov/configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_rr2 \\
       --config.model.decoder_two_stream=False --config.model.decoder_right_readout=2 \\
       --config.diffusion.objective=loo_ce --config.train.num_steps=1600 \\
       --config.opt.optimizer=adamw --config.diffusion.t_mixture="()"
   # shorter canvases over the same 96 tokens of each row (steps for the same minutes: point 17):
-  python train.py --config=configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_c2 \\
+  python train.py --config=proj/markov/configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_c2 \\
       --config.diffusion.canvas_len=2 --config.diffusion.canvases_per_row=48 --config.train.num_steps=1160
   # override anything, e.g. a longer run:
-  python train.py --config=configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_long \\
+  python train.py --config=proj/markov/configs/likelihood_small.py:/path/train.txt --workdir=workdirs/ll_long \\
       --config.train.num_steps=4000
 """
 

@@ -1,19 +1,19 @@
 """Where a diffusion model's likelihood bound is lost: the NELBO integrand against the noise level t, for a
 checkpoint and for the exact denoiser of the Markov source it was trained on, on the same canvases and noise.
 
-  python -m eval.markov_profile --checkpoint=workdirs/ll_small --data=data_cache/markov/valid.txt \\
-      --truth=data_cache/markov/truth.json --out_dir=docs/results/likelihood_small
+  python -m proj.markov.profile --checkpoint=workdirs/ll_small --data=data_cache/markov/valid.txt \\
+      --truth=data_cache/markov/truth.json --out_dir=ll_profile
 
 The bound is (1 - t_eps) times the integral over t of this integrand (per token) plus a small reconstruction
 term (dgemma/diffusion/likelihood.py); the exact denoiser (the chain's leave-one-out posterior by
-forward-backward, dgemma/data/markov.py `canvas_posteriors`) integrates to the source's entropy, so the gap
+forward-backward, proj/markov/data.py `canvas_posteriors`) integrates to the source's entropy, so the gap
 between the two curves at each t is where the model loses bits. Canvases are the document canvases of
 eval.likelihood that hold only alphabet symbols (the first and last of a document are skipped), each
 conditioned on its training-length context; each (canvas, t) gets --draws noise draws shared by both.
 Each row also splits both integrands between kept positions (z_i = x_i, no draw) and drawn ones (the forward
 process drew a uniform token there), and gives the mean KL(exact || model) of the two leave-one-out
 distributions p(x_i | z_-i) at each kind of position: the distribution the NELBO reads, so a KL far from 0
-says the model has not learned it there (docs/results.md, "A diffusion likelihood against the truth"); and
+says the model has not learned it there (docs/experiments/likelihood_small.md); and
 how much each denoiser's prediction at a drawn position uses the canvas to its right.
 Writes out_dir/profile.json and out_dir/integrand_vs_t.png.
 """
@@ -30,7 +30,8 @@ from absl import flags
 
 import dgemma
 from dgemma import checkpoints, files, report
-from dgemma.data import builder as builder_lib, markov
+from dgemma.data import builder as builder_lib
+from proj.markov import data as markov
 from dgemma.diffusion import likelihood, objectives
 from dgemma.diffusion.corruption import split_context_canvas
 from dgemma.errors import ConfigError
@@ -50,7 +51,7 @@ def define_flags() -> None:
                                              "A diffusion run trained on the chain's text.", required=True)
   _FLAGS["data"] = flags.DEFINE_string("data", None,
                                        "The chain's validation .txt (one document per line).", required=True)
-  _FLAGS["truth"] = flags.DEFINE_string("truth", None, "truth.json of dgemma.tools.markov_text.", required=True)
+  _FLAGS["truth"] = flags.DEFINE_string("truth", None, "truth.json of proj.markov.make_text.", required=True)
   _FLAGS["out_dir"] = flags.DEFINE_string("out_dir", None, "Where profile.json and the plot go.", required=True)
   _FLAGS["max_documents"] = flags.DEFINE_integer("max_documents", 4, "Documents whose canvases are used.")
   _FLAGS["draws"] = flags.DEFINE_integer("draws", 2, "Noise draws per canvas and t.")
@@ -207,4 +208,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  cli.run(main, "eval.markov_profile")
+  cli.run(main, "proj.markov.profile")

@@ -1,20 +1,20 @@
 """Sudoku with DiffusionGemma-style diffusion: the puzzle is the prompt, the 81-digit solution the canvas.
 
-  python -m dgemma.tools.sudoku_csv --out_dir=data/sudoku --num_train=20000 --num_test=500 --min_blanks=30 --max_blanks=45
-  python train.py --config=configs/sudoku.py --workdir=workdirs/sudoku \
+  python -m proj.sudoku.make_csv --out_dir=data/sudoku --num_train=20000 --num_test=500 --min_blanks=30 --max_blanks=45
+  python train.py --config=proj/sudoku/configs/sudoku.py --workdir=workdirs/sudoku \
       --config.data.sudoku.train_csv=data/sudoku/train.csv
-  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv            # re-noising sampler
-  python -m eval.sudoku --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv --renoise=none
+  python -m proj.sudoku.eval --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv            # re-noising sampler
+  python -m proj.sudoku.eval --checkpoint=workdirs/sudoku --puzzles=data/sudoku/test.csv --renoise=none
   # override anything, e.g. harder puzzles generated on the fly and a longer run:
-  python train.py --config=configs/sudoku.py --workdir=workdirs/sudoku_hard --config.data.sudoku.train_csv= \
+  python train.py --config=proj/sudoku/configs/sudoku.py --workdir=workdirs/sudoku_hard --config.data.sudoku.train_csv= \
       --config.data.sudoku.min_blanks=45 --config.data.sudoku.max_blanks=55 --config.train.num_steps=20000
 
-Rows are [BOS] + 81 puzzle digits (context) | 81 solution digits (canvas), byte tokens (dgemma/data/sudoku.py).
+Rows are [BOS] + 81 puzzle digits (context) | 81 solution digits (canvas), byte tokens (proj/sudoku/data.py).
 With the byte vocabulary (260 ids) a uniform noise token is a digit only 10/260 of the time, so corrupted
 cells are mostly visibly "not a digit" (close to masking), while the released sampler's re-noised cells
 look the same way: the model learns to fill exactly the cells it cannot see.
 Model: 4 layers, d_model 128, dense MLP (no MoE experts) and no self-conditioning: sized for a 2-core CPU
-(measured 1.9 s per step of 32 rows on both cores, 2.3 s on one: docs/results.md#sudoku-benchmark; 0.56 s
+(measured 1.9 s per step of 32 rows on both cores, 2.3 s on one: docs/experiments/sudoku.md; 0.56 s
 on both cores of a Zen 5 host since layers.matmul_last; 0.55 s on a Zen 4 host with the layers unrolled).
 Every layer is a 'sliding' layer whose window (256) covers the whole 163-token row, i.e. full attention
 with full RoPE (base 1e4) everywhere: Gemma's 'global' layers rotate only a quarter of their head
@@ -23,23 +23,23 @@ peers by position. diffusion.encoder_loss_weight = 0: the context is a random pu
 prediction teaches nothing about solving, and the causal encoder only has to write the KV cache the canvas
 reads (the encoder is still trained, through the canvas loss). The sampler stops a canvas when its argmax
 is stable and confident; max_new_tokens = 81 = one canvas.
-Same model size as the autoregressive baseline configs/sudoku_ar.py.
-Measured (docs/results.md#sudoku-benchmark, 500 held-out puzzles, one sample): 22% solved after one hour
+Same model size as the autoregressive baseline proj/sudoku/configs/sudoku_ar.py.
+Measured (docs/experiments/sudoku.md, 500 held-out puzzles, one sample): 22% solved after one hour
 (1,500 steps on one core), 41% after 2,400 steps, 48% after 4,900; on a Zen 5 host with both cores
 (0.56 s per step), 61% after 5,500 steps in 52 minutes (--config.train.num_steps=5500); with the layers unrolled
 (scan_layers=False, below) a Zen 4 host ran 5,800 steps in 59 minutes and solved 51%: one-hour runs spread
-this widely from their initial weights alone (docs/results.md, "A second hour"). Turning self-conditioning on
+this widely from their initial weights alone (docs/experiments/sudoku.md, "How much one run varies"). Turning self-conditioning on
 (--config.model.self_conditioning=True) or holding the givens (--config.data.sudoku.infill_givens=True)
 did worse in the same hour (10% and 0%), and so did high-noise training times
 (--config.diffusion.t_power=0.5: 26% against 51%, better first steps but worse last ones), while low-noise
 times (t_power=2) gave 49%, level within noise, and a higher learning rate (--config.opt.lr=3e-3) 18%
-(docs/results.md).
+(docs/experiments/sudoku.md).
 Two decoder-only layers (model.decoder_head_layers=2: canvas-only depth with attention of its own, not shared
 with the causal encoder; 1.19x the step) moved it most: 73% solved at step 3,000 of a 4,600-step run, about
 36 minutes of this recipe's compute, 81% at 4,000 and 78% at the end (4,600 steps, about an hour's compute;
 a second seed, 4,800 steps timed end to end: 77.8% in 53 minutes),
-against 51-61% for the hour without them; validation canvas CE 0.025 against 0.069-0.077 (docs/results.md,
-"Decoder-only layers"). Without them: --config.model.decoder_head_layers=0. On a GPU: configs/sudoku_gpu.py (91%).
+against 51-61% for the hour without them; validation canvas CE 0.025 against 0.069-0.077 (docs/experiments/sudoku.md,
+"Training changes, one hour each"). Without them: --config.model.decoder_head_layers=0. On a GPU: proj/sudoku/configs/sudoku_gpu.py (91%).
 """
 
 from configs import base
@@ -64,7 +64,7 @@ def get_config():
       mlp_hidden=512,
       num_experts=0,             # dense MLP only: the smallest program for a 2-core CPU
       self_conditioning=False,   # no second decoder pass in training (half the canvas compute)
-      decoder_head_layers=2,     # two decoder-only layers over the canvas (docs/results.md, "Decoder-only layers")
+      decoder_head_layers=2,     # two decoder-only layers over the canvas (docs/experiments/sudoku.md)
       # One block of 4 layers, not nn.scan over 4 stacked copies of one: XLA's CPU while loop slices the
       # stacked weights and writes the saved activations and gradients back per iteration (0.72x the step
       # time unrolled, bench/train_ab.py in docs/benchmarks.md).
@@ -87,7 +87,7 @@ def get_config():
   config.opt.lr = 2e-3
   config.opt.warmup_steps = 100
   config.opt.weight_decay = 0.01
-  config.train.num_steps = 2000           # ~2.3 s/step on one CPU core (docs/results.md#sudoku)
+  config.train.num_steps = 2000           # ~2.3 s/step on one CPU core (docs/experiments/sudoku.md)
   config.train.log_every = 10
   config.train.eval_every = 500
   config.train.eval_batches = 2

@@ -2,11 +2,11 @@
 noise level, and when it sees only the canvas tokens near the position it scores.
 
 The uniform-state NELBO of a canvas, with the chain's exact leave-one-out posterior p(x_i | z_-i, t) as x_theta,
-integrates to the source's own entropy (docs/results.md, "A diffusion likelihood against the truth", point 1).
+integrates to the source's own entropy (docs/experiments/likelihood_small.md, point 1).
 A network is not that denoiser; two ways it can fall short are measured here with the exact one, no model:
   blind     the denoiser is not told t (DiffusionGemma's decoder has no time input): p(x_i | z_-i) mixes the
             exact posteriors over a grid of --blind_grid noise levels, weighted by how likely each makes the
-            canvas's other tokens (dgemma/data/markov.py `blind_loo_posteriors`);
+            canvas's other tokens (proj/markov/data.py `blind_loo_posteriors`);
   window_w  the denoiser reads only the w canvas tokens on each side of i (and the clean text before the
             canvas): the tokens further away are replaced by ids outside the alphabet, which say nothing.
 Each column is the NELBO integrand per token (nats) at each t of --grid, averaged over the canvases of the first
@@ -16,8 +16,8 @@ draws shared by every column. With the default midpoint grid, a column's mean ov
 token; the t = 0 reconstruction term is zero for the linear schedule), and `exact` lands on the source's
 entropy rate up to the draws' and the grid's error.
 
-  python -m eval.markov_denoisers --truth=data_cache/markov/truth.json --data=data_cache/markov/valid.txt \\
-      --out=docs/results/likelihood_small/exact_denoisers/denoisers.json
+  python -m proj.markov.denoisers --truth=data_cache/markov/truth.json --data=data_cache/markov/valid.txt \\
+      --out=ll_denoisers/denoisers.json
 
 Prints one JSON line per t as it is measured, then each column's bound and its ratio to `exact`'s.
 """
@@ -31,7 +31,8 @@ import numpy as np
 from absl import flags
 
 from dgemma import files
-from dgemma.data import builder as builder_lib, markov
+from dgemma.data import builder as builder_lib
+from proj.markov import data as markov
 from dgemma.diffusion import objectives
 from dgemma.errors import ConfigError
 from dgemma.tools import cli
@@ -43,7 +44,7 @@ _FLAGS: dict = {}
 
 def define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  _FLAGS["truth"] = flags.DEFINE_string("truth", None, "truth.json of dgemma.tools.markov_text.", required=True)
+  _FLAGS["truth"] = flags.DEFINE_string("truth", None, "truth.json of proj.markov.make_text.", required=True)
   _FLAGS["data"] = flags.DEFINE_string("data", None, "The chain's text, one document per line.", required=True)
   _FLAGS["out"] = flags.DEFINE_string("out", None, "Where the JSON record goes.", required=True)
   _FLAGS["max_documents"] = flags.DEFINE_integer("max_documents", 4, "Documents whose canvases are used.")
@@ -151,4 +152,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  cli.run(main, "eval.markov_denoisers")
+  cli.run(main, "proj.markov.denoisers")

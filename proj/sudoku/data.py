@@ -4,7 +4,7 @@ checker, and the training rows of `data.source = 'sudoku'`.
 Grids are 81-character strings (or int arrays), row by row, '0' (0) for a blank. CSV files have the
 header `puzzle,solution` and one puzzle per line (the common Kaggle / "1 million sudoku" format).
 
-  python -m dgemma.tools.sudoku_csv --out_dir=data/sudoku --num_train=2000 --num_test=500 \
+  python -m proj.sudoku.make_csv --out_dir=data/sudoku --num_train=2000 --num_test=500 \
       --min_blanks=30 --max_blanks=45 --seed=0       # writes train.csv and test.csv
 
 Solver: bitmask backtracking (one 9-bit candidate mask per row, column and box) that always branches
@@ -40,7 +40,7 @@ import grain
 import numpy as np
 
 from dgemma import files, tokenizers
-from dgemma.data import pipeline
+from dgemma.data import pipeline, sources
 from dgemma.errors import ConfigError, DataError
 
 NUM_CELLS = 81
@@ -420,3 +420,6 @@ def make_iterator(settings, prepared, split: str, *, shard_index: int, shard_cou
   identity = dict(dataset_id=prepared.dataset_id, split=split, shard_index=shard_index, shard_count=shard_count,
                   sharding=sharding, seed=seed, shuffle=shuffle, seq_len=ROW_LEN, batch_size=batch_size)
   return pipeline.DataIterator(batches, identity)
+
+
+SOURCE = sources.register(sources.DataSource("sudoku", validate, prepare, make_iterator))

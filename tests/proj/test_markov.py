@@ -1,4 +1,4 @@
-"""dgemma/data/markov.py (behind dgemma/tools/markov_text.py): the synthetic source whose entropy rate is exact."""
+"""proj/markov/data.py (behind proj/markov/make_text.py): the synthetic source whose entropy rate is exact."""
 
 import itertools
 import json
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from dgemma.data import markov
+from proj.markov import data as markov
 from dgemma.errors import ConfigError
 
 

@@ -4,7 +4,7 @@ from any model's.
 A model's samples scored under the source (eval.samples --truth) mix two errors: the model's (its
 posteriors are not the source's) and the sampler's (a reverse step that moves every position at once from
 per-position posteriors is exact only as the steps get small). Here the decoder is replaced by the source's
-exact per-position posterior p(x_i | z_t) (forward-backward, dgemma/data/markov.py `canvas_posteriors`) at
+exact per-position posterior p(x_i | z_t) (forward-backward, proj/markov/data.py `canvas_posteriors`) at
 the noise level of each pass, handed to the project's sampler (dgemma.sampling.sampler.denoise_canvas) as a
 posterior-output model's logits. So what remains is the sampler's error alone: with the source's posteriors
 an ancestral sampler at temperature 1 draws the source's own documents as the steps go to zero, and its
@@ -13,8 +13,8 @@ score under the truth falls to `truth_expected_bits` (the source's documents of 
 Each sample is one canvas at a document's start (no prompt); samplers 'ancestral' and 'pc' (the ones with
 a time grid: the released sampler's canvas has no noise level, so no exact denoiser is defined for it).
 
-  python -m eval.markov_oracle --truth=data_cache/markov1/truth.json --samplers=ancestral,pc \
-      --steps=4,8,16,32,64 --num_samples=256 --out=docs/results/markov_oracle/oracle.json
+  python -m proj.markov.oracle --truth=data_cache/markov1/truth.json --samplers=ancestral,pc \
+      --steps=4,8,16,32,64 --num_samples=256 --out=markov_oracle/oracle.json
   # the released sampler's temperature schedule instead of 1: --t_max=0.8 --t_min=0.4
 
 Prints one JSON line per (sampler, steps) as it is measured and writes them all to --out.
@@ -32,7 +32,7 @@ from absl import flags
 from jax.experimental import io_callback
 
 from dgemma import files, tokenizers
-from dgemma.data import markov
+from proj.markov import data as markov
 from dgemma.errors import ConfigError
 from dgemma.sampling import noise as noise_lib
 from dgemma.sampling import rules, sampler
@@ -46,7 +46,7 @@ _FLAGS: dict = {}
 
 def define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  _FLAGS["truth"] = flags.DEFINE_string("truth", None, "truth.json of dgemma.tools.markov_text.", required=True)
+  _FLAGS["truth"] = flags.DEFINE_string("truth", None, "truth.json of proj.markov.make_text.", required=True)
   _FLAGS["out"] = flags.DEFINE_string("out", None, "JSON file for the rows.", required=True)
   _FLAGS["samplers"] = flags.DEFINE_list("samplers", ["ancestral", "pc"], f"Of {TIME_GRID_SAMPLERS}.")
   _FLAGS["steps"] = flags.DEFINE_list("steps", ["4", "8", "16", "32", "64"], "Decoder passes per canvas.")
@@ -159,4 +159,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  cli.run(main, "eval.markov_oracle")
+  cli.run(main, "proj.markov.oracle")

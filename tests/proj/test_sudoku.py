@@ -8,10 +8,10 @@ import pytest
 
 import dgemma
 from dgemma import tokenizers
-from dgemma.data import sudoku
+from proj.sudoku import data as sudoku
 from dgemma import settings as settings_lib
 from dgemma.errors import ConfigError
-from eval import sudoku as eval_sudoku
+from proj.sudoku import eval as eval_sudoku
 
 # A well-known puzzle (unique solution) and its solution.
 PUZZLE = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
@@ -120,7 +120,7 @@ def test_csv_round_trip_and_errors_name_file_and_line(tmp_path):
 
 
 def sudoku_config(tmp_path, train_csv="", validation_csv="", **sudoku_fields):
-  from configs import sudoku as sudoku_configs
+  from proj.sudoku.configs import sudoku as sudoku_configs
   from configs.models import tiny
   config = sudoku_configs.get_config()
   config.model = tiny.get_config()

@@ -1,5 +1,5 @@
-"""eval/markov_denoisers.py: the exact denoiser of a Markov source seeing only a window of the canvas, and the
-command line's record. (The blind denoiser's posterior is checked by enumeration in tests/data/test_markov.py.)"""
+"""proj/markov/denoisers.py: the exact denoiser of a Markov source seeing only a window of the canvas, and the
+command line's record. (The blind denoiser's posterior is checked by enumeration in tests/proj/test_markov.py.)"""
 
 import json
 import subprocess
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dgemma.data import markov
+from proj.markov import data as markov
 from dgemma.errors import ConfigError
-from eval import markov_denoisers
+from proj.markov import denoisers as markov_denoisers
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = markov.MarkovChain.random(alphabet="abc ", order=2, concentration=0.3, seed=1)
@@ -53,7 +53,7 @@ def test_document_canvases():
 def test_command_line(tmp_path):
   markov.write_splits(str(tmp_path / "src"), num_train=1, num_valid=2, length=24, order=2, concentration=0.3, seed=0)
   out = tmp_path / "d.json"
-  cmd = [sys.executable, "-m", "eval.markov_denoisers", f"--truth={tmp_path / 'src' / 'truth.json'}",
+  cmd = [sys.executable, "-m", "proj.markov.denoisers", f"--truth={tmp_path / 'src' / 'truth.json'}",
          f"--data={tmp_path / 'src' / 'valid.txt'}", "--canvas_len=8", "--grid=0.25,0.75", "--blind_grid=4",
          "--windows=1,7", f"--out={out}"]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -10,7 +10,7 @@ seeded numpy RNG (small concentration: peaked rows, a low entropy rate). A docum
 the stationary distribution over states, then length - k transitions; it is written as one line of text, so
 a file of documents reads with data.txt_mode='line'.
 
-  python -m dgemma.tools.markov_text --out_dir=data_cache/markov --num_train=4000 --num_valid=64
+  python -m proj.markov.make_text --out_dir=data_cache/markov --num_train=4000 --num_valid=64
 
 Exact quantities (float64):
   entropy_rate      H = sum_s pi(s) H(P(. | s)) nats per symbol, pi the stationary distribution of the
@@ -20,8 +20,8 @@ Exact quantities (float64):
                     document's true bits per byte (one byte per symbol: the alphabet is ASCII).
   canvas_posteriors the exact denoising posteriors of a noisy canvas (forward-backward over the states), as
                     p(x_i | z) and leave-one-out p(x_i | z_-i); `blind_loo_posteriors` the latter for a
-                    denoiser not told the noise level (eval.markov_profile, eval.markov_oracle,
-                    eval.markov_denoisers).
+                    denoiser not told the noise level (proj.markov.profile, proj.markov.oracle,
+                    proj.markov.denoisers).
 """
 
 from __future__ import annotations
@@ -162,17 +162,17 @@ def chain_of_truth(truth: dict) -> MarkovChain:
   """The chain a truth.json record (`write_splits`) describes, rebuilt exactly."""
   missing = [k for k in ("alphabet", "order", "concentration", "seed") if k not in truth]
   if missing:
-    raise ConfigError(f"markov truth record: missing {missing} (written by python -m dgemma.tools.markov_text)")
+    raise ConfigError(f"markov truth record: missing {missing} (written by python -m proj.markov.make_text)")
   return MarkovChain.random(alphabet=truth["alphabet"], order=int(truth["order"]),
                             concentration=float(truth["concentration"]), seed=_stream_seed(int(truth["seed"]), 0))
 
 
 def read_chain(path: str, field: str = "--truth") -> MarkovChain:
-  """The chain of a truth.json file (python -m dgemma.tools.markov_text); a missing file is an error naming
+  """The chain of a truth.json file (python -m proj.markov.make_text); a missing file is an error naming
   `field`."""
   p = Path(path)
   if not p.is_file():
-    raise FileNotFoundError(f"{field}: {path} is not a file (the truth.json of python -m dgemma.tools.markov_text)")
+    raise FileNotFoundError(f"{field}: {path} is not a file (the truth.json of python -m proj.markov.make_text)")
   return chain_of_truth(json.loads(p.read_text()))
 
 
@@ -211,7 +211,7 @@ def write_splits(out_dir: str, *, num_train: int, num_valid: int, length: int, o
                  seed: int) -> dict:
   """out_dir/train.txt and valid.txt (one document per line; independent seed streams) and truth.json (the
   chain's entropy rate, each file's exact bits per byte), written atomically; returns the truth record.
-  The chain is `MarkovChain.random(order, concentration, seed=stream 0)` (python -m dgemma.tools.markov_text)."""
+  The chain is `MarkovChain.random(order, concentration, seed=stream 0)` (python -m proj.markov.make_text)."""
   if num_train < 1 or num_valid < 1:
     raise ValueError(f"--num_train={num_train} and --num_valid={num_valid} must both be >= 1")
   stream = lambda k: _stream_seed(seed, k)

@@ -1,6 +1,6 @@
 """Writes Sudoku puzzles with unique solutions as puzzle,solution CSVs (train.csv, test.csv).
 
-  python -m dgemma.tools.sudoku_csv --out_dir=data/sudoku --num_train=2000 --num_test=500 \\
+  python -m proj.sudoku.make_csv --out_dir=data/sudoku --num_train=2000 --num_test=500 \\
       --min_blanks=30 --max_blanks=45 --seed=0
 
 Train and test come from independent seed streams ((seed, 0) and (seed, 2); the training pipeline's
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from dgemma.data import sudoku
+from proj.sudoku import data as sudoku
 from dgemma.tools import cli
 
 _OUT_DIR = flags.DEFINE_string("out_dir", None, "Directory for train.csv and test.csv.", required=True)
@@ -47,4 +47,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, "dgemma.tools.sudoku_csv", user_errors=(ValueError,))
+  cli.run(main, "proj.sudoku.make_csv", user_errors=(ValueError,))

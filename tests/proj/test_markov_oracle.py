@@ -1,4 +1,4 @@
-"""eval/markov_oracle.py: the project's time-grid samplers driven by a Markov source's exact denoiser draw
+"""proj/markov/oracle.py: the project's time-grid samplers driven by a Markov source's exact denoiser draw
 the source's own documents as the steps shrink, and measurably not at two steps."""
 
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dgemma.data import markov
+from proj.markov import data as markov
 from dgemma.errors import ConfigError
-from eval import markov_oracle
+from proj.markov import oracle as markov_oracle
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = markov.MarkovChain.random(alphabet="abc", order=1, concentration=0.3, seed=4)
@@ -57,7 +57,7 @@ def test_needs_a_time_grid():
 def test_command_line(tmp_path):
   markov.write_splits(str(tmp_path / "src"), num_train=1, num_valid=1, length=8, order=1, concentration=0.5, seed=0)
   out = tmp_path / "rows.json"
-  cmd = [sys.executable, "-m", "eval.markov_oracle", f"--truth={tmp_path / 'src' / 'truth.json'}", "--steps=2,4",
+  cmd = [sys.executable, "-m", "proj.markov.oracle", f"--truth={tmp_path / 'src' / 'truth.json'}", "--steps=2,4",
          "--num_samples=8", "--canvas_len=4", f"--out={out}"]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
