@@ -20,9 +20,7 @@ cfg.num_blocks; HF layer index = b * cfg.block_period + i):
   final_norm/scale [D] ('norm',)
   self_conditioning/pre_norm/scale [D] ('norm',)          (only if cfg.self_conditioning)
   self_conditioning/{gate_proj,up_proj}/kernel [D, F] ('embed', 'mlp'); down_proj/kernel [F, D] ('mlp', 'embed')
-  right_readout [R, D, D] ('readout', 'embed', 'embed_out')  (R = cfg.decoder_right_readout > 0; not released)
-  two_stream_in [2D, 4D] ('embed', 'mlp'), two_stream_in_bias [4D] ('mlp',), two_stream_out [4D, D]
-    ('mlp', 'embed_out'), two_stream_out_bias [D] ('embed_out',)  (cfg.decoder_two_stream; not released)
+  (the research options add their own: dgemma/model/research.py; none in the released model)
   blocks/layer_{i}/
     pre_attn_norm/scale, post_attn_norm/scale [D] ('norm',)
     attn/q_proj/kernel [D, N, H] ('embed', 'heads', 'head_dim')
@@ -68,10 +66,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from dgemma.model.attention import Attention, decoder_masks, encoder_masks
-from dgemma.model.config import GLOBAL, SLIDING, ModelConfig
+from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model import layers
 from dgemma.model import lora as lora_lib
-from dgemma.model import qarray
+from dgemma.model import qarray, research
 from dgemma.model.moe import MoE
 from dgemma.model.sharding import constrain, place, unbox
 
@@ -314,22 +312,7 @@ class Transformer(nn.Module):
     self.final_norm = layers.RMSNorm(cfg.rms_eps, param_dtype=layers.param_dtype(cfg))
     if cfg.self_conditioning:
       self.self_conditioning = SelfConditioning(cfg)
-    if cfg.decoder_right_readout:  # zero at init: training starts from the one-sided readout
-      self.right_readout = self.param("right_readout", nn.with_logical_partitioning(
-          nn.initializers.zeros, ("readout", "embed", "embed_out")), (cfg.decoder_right_readout, cfg.d_model,
-                                                                   cfg.d_model), layers.param_dtype(cfg))
-    if cfg.decoder_two_stream:  # the combining MLP over [forward at p - 1, backward at p + 1]; output zero at init
-      F, pd = 4 * cfg.d_model, layers.param_dtype(cfg)
-      self.two_stream_in = self.param("two_stream_in", nn.with_logical_partitioning(
-          nn.initializers.lecun_normal(), ("embed", "mlp")), (2 * cfg.d_model, F), pd)
-      self.two_stream_in_bias = self.param("two_stream_in_bias", nn.with_logical_partitioning(
-          nn.initializers.zeros, ("mlp",)), (F,), pd)
-      self.two_stream_out = self.param("two_stream_out", nn.with_logical_partitioning(
-          nn.initializers.zeros, ("mlp", "embed_out")), (F, cfg.d_model), pd)
-      self.two_stream_out_bias = self.param("two_stream_out_bias", nn.with_logical_partitioning(
-          nn.initializers.zeros, ("embed_out",)), (cfg.d_model,), pd)
-    # Decoder-only layers over the canvas (their own weights; the encoder never runs them).
-    self.decoder_head = [Layer(cfg, SLIDING, name=f"decoder_head_{i}") for i in range(cfg.decoder_head_layers)]
+    research.setup(self, Layer)  # the research options' parameters (none for the released model)
     block = Block
     if cfg.remat != "none":
       block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
@@ -345,81 +328,16 @@ class Transformer(nn.Module):
 
   # ---- helpers --------------------------------------------------------------------------------
   def _logits(self, x_BTD):
-    return self._readout(self.final_norm(x_BTD))
+    return self.readout(self.final_norm(x_BTD))
 
-  def _readout(self, normed_BTD):
+  def readout(self, normed_BTD):
     """Tied vocabulary logits of normed hidden states, in at least fp32, softcapped."""
     logits = self.embedder.attend(normed_BTD)
     logits = constrain(logits.astype(layers.at_least_f32(logits.dtype)), LOGITS_AXES)
     c = self.cfg.final_logit_softcap
     return c * jnp.tanh(logits / c) if c else logits
 
-  def _right_logits(self, x_BCD, segment_ids_BC, num_canvases: int):
-    """`ModelConfig.decoder_right_readout` = R: at each canvas position p, the sum over r = 1..R of the readout
-    of the decoder's output at p + r through `right_readout[r - 1]`; a term is zero where p + r is past the
-    canvas's end, padding or another document."""
-    dtype = layers.compute_dtype(self.cfg)
-    right_BRCD = jnp.einsum("bcd,rde->brce", self.final_norm(x_BCD).astype(dtype),
-                            qarray.dequantize(self.right_readout, dtype))
-    logits_BRCV = self._readout(right_BRCD)
-    B, R, KC, V = logits_BRCV.shape
-    C = KC // num_canvases
-    logits_BRKCV = logits_BRCV.reshape(B, R, num_canvases, C, V)
-    seg_BKC = segment_ids_BC.reshape(B, num_canvases, C)
-    total_BKCV = jnp.zeros((B, num_canvases, C, V), logits_BRCV.dtype)
-    for r in range(1, min(R, C - 1) + 1):  # position p reads p + r: drop r columns on the left, pad r on the right
-      shifted_BKCV = jnp.pad(logits_BRKCV[:, r - 1, :, r:], ((0, 0), (0, 0), (0, r), (0, 0)))
-      same_BKC = _same_document_ahead(seg_BKC, r)
-      total_BKCV = total_BKCV + jnp.where(same_BKC[..., None], shifted_BKCV, 0.0)
-    return total_BKCV.reshape(B, KC, V)
-
-  def _two_stream_logits(self, x_BCD, ctx: _Ctx, cache: KVCache, segment_ids_BC, num_canvases: int,
-                         prev_logits_BKV):
-    """`ModelConfig.decoder_two_stream`: the forward stream (canvas keys j <= i) and the backward stream
-    (j >= i) over the canvas with the shared weights, both reading the whole context in `ctx`'s masks; position
-    p's logits read the forward stream at p - 1 and the backward one at p + 1 (zero where that is past the
-    canvas's end, padding or another document), never the token at p. p = 0 has no forward term: the encoder's
-    logits at the token before the canvas (`prev_logits_BKV`) stand in for it, as with decoder_shift."""
-    B, C, D = x_BCD.shape
-    K = num_canvases
-    i_C = jnp.arange(C)
-    streams = []
-    for keep_CC in (i_C[None, :] <= i_C[:, None], i_C[None, :] >= i_C[:, None]):  # forward, backward
-      def restrict(mask_BCS):  # the last C keys are the canvas (attention.decoder_masks)
-        keep_CS = jnp.concatenate([jnp.ones((C, mask_BCS.shape[-1] - C), bool), keep_CC], axis=1)
-        return mask_BCS & keep_CS[None]
-      stream_ctx = _Ctx(ctx.positions_BT, restrict(ctx.mask_sliding), restrict(ctx.mask_global), ctx.write_index,
-                        ctx.valid_BT, decode=True)
-      h_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), stream_ctx)
-      self._sow_aux(aux)
-      streams.append(self.final_norm(h_BCD).reshape(B, K, C // K, D))
-    fwd_BKCD, bwd_BKCD = streams
-    seg_BKC = segment_ids_BC.reshape(B, K, C // K)
-    left_BKCD = jnp.pad(fwd_BKCD[:, :, :-1], ((0, 0), (0, 0), (1, 0), (0, 0)))  # forward at p - 1 (0 at p = 0)
-    right_BKCD = jnp.pad(bwd_BKCD[:, :, 1:], ((0, 0), (0, 0), (0, 1), (0, 0)))  # backward at p + 1
-    right_BKCD = jnp.where(_same_document_ahead(seg_BKC, 1)[..., None], right_BKCD, 0.0)
-    dtype = layers.compute_dtype(self.cfg)
-    both_BCD2 = jnp.concatenate([left_BKCD, right_BKCD], axis=-1).reshape(B, C, 2 * D).astype(dtype)
-    hidden_BCF = jax.nn.gelu(layers.matmul_last(both_BCD2, self.two_stream_in.astype(dtype))
-                             + self.two_stream_in_bias.astype(dtype))
-    mixed_BCD = (layers.matmul_last(hidden_BCF, self.two_stream_out.astype(dtype))
-                 + self.two_stream_out_bias.astype(dtype))
-    logits_BKCV = self._readout(left_BKCD.reshape(B, C, D).astype(dtype) + mixed_BCD).reshape(B, K, C // K, -1)
-    logits_BKCV = logits_BKCV.at[:, :, 0].add(prev_logits_BKV.astype(logits_BKCV.dtype))
-    return logits_BKCV.reshape(B, C, -1)
-
-  def _decoder_head(self, x_BCD, ctx: _Ctx, canvas_mask_BCC):
-    """`ModelConfig.decoder_head_layers`: layers of the sliding kind with their own weights after the shared
-    stack, attending bidirectionally inside the canvas only (the decoder's canvas-to-canvas mask; no cache)."""
-    K, H = layers.attn_dims(self.cfg, SLIDING)
-    empty_BSKH = jnp.zeros((x_BCD.shape[0], 0, K, H), x_BCD.dtype)
-    head_ctx = _Ctx(ctx.positions_BT, canvas_mask_BCC, canvas_mask_BCC, ctx.write_index, ctx.valid_BT, decode=True)
-    for layer in self.decoder_head:
-      x_BCD, _, aux = layer(x_BCD, (empty_BSKH, empty_BSKH), head_ctx)
-      self._sow_aux(aux)
-    return x_BCD
-
-  def _sow_aux(self, aux):
+  def sow_aux(self, aux):
     if not aux:
       return
     cfg = self.cfg
@@ -450,7 +368,7 @@ class Transformer(nn.Module):
     # No-op unless a 'perturbations' collection is passed: lets tests take d(output)/d(input embedding).
     x_BTD = self.perturb("encoder_inputs", x_BTD)
     x_BTD, ((ks, vs), aux) = self.blocks(x_BTD, (cache.k, cache.v), ctx)
-    self._sow_aux(aux)
+    self.sow_aux(aux)
     new_cache = KVCache(k=ks, v=vs, positions_BS=pos_BS, segment_ids_BS=seg_BS,
                         length=start + tokens_BT.shape[1], **ring)
     return (self._logits(x_BTD) if return_logits else None), new_cache
@@ -477,7 +395,7 @@ class Transformer(nn.Module):
       probs @ table * sqrt(D) (training's Gaussian-relaxation curriculum, dgemma/diffusion/relaxation.py; a
       one-hot row embeds as its token does, exactly at fp32 compute).
     prev_logits_BKV: with `cfg.decoder_shift` (required then, ignored otherwise), the encoder's logits at the
-      clean token before each of the K canvases; they score each canvas's first position (`shift_canvas_logits`).
+      clean token before each of the K canvases; they score each canvas's first position (research.py).
     """
     cfg = self.cfg
     positions_BC = positions_BC.astype(jnp.int32)
@@ -508,25 +426,14 @@ class Transformer(nn.Module):
                                cache.ring_segment_ids_BR, R, 1, per_query_window)
     ctx = _Ctx(positions_BC, slide, glob, cache.length, segment_ids_BC != 0, decode=True)
     x_BCD = constrain(self.perturb("decoder_inputs", x_BCD), RESIDUAL_AXES)
-    if cfg.decoder_shift:
-      if prev_logits_BKV is None:
-        raise ValueError("decode: model.decoder_shift needs prev_logits_BKV, the encoder's logits at the token "
-                         "before each canvas")
-      if prev_logits_BKV.shape[1] != num_canvases:
-        raise ValueError(f"decode: prev_logits_BKV holds {prev_logits_BKV.shape[1]} canvases' logits, the decoder "
-                         f"input {num_canvases}")
-    if cfg.decoder_two_stream:
-      return self._two_stream_logits(x_BCD, ctx, cache, segment_ids_BC, num_canvases, prev_logits_BKV)
+    research.check_prev_logits(cfg, prev_logits_BKV, num_canvases)
+    if cfg.decoder_two_stream:  # a research option (dgemma/model/research.py); the released path follows
+      return research.two_stream_logits(self, x_BCD, ctx, cache, segment_ids_BC, num_canvases, prev_logits_BKV)
     x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)
-    self._sow_aux(aux)
+    self.sow_aux(aux)
     if cfg.decoder_head_layers:
-      x_BCD = self._decoder_head(x_BCD, ctx, slide[..., -x_BCD.shape[1]:])
-    logits_BCV = self._logits(x_BCD)
-    if cfg.decoder_shift:
-      logits_BCV = shift_canvas_logits(logits_BCV, prev_logits_BKV)
-    if cfg.decoder_right_readout:
-      logits_BCV = logits_BCV + self._right_logits(x_BCD, segment_ids_BC, num_canvases)
-    return logits_BCV
+      x_BCD = research.decoder_head(self, x_BCD, ctx, slide[..., -x_BCD.shape[1]:])
+    return research.adjust_logits(self, x_BCD, self._logits(x_BCD), segment_ids_BC, num_canvases, prev_logits_BKV)
 
   def __call__(self, tokens_BT, positions_BT, segment_ids_BT, canvas_BC, positions_BC, segment_ids_BC,
                sc_logits_BCV=None, sc_mask_B=None, return_enc_logits: bool = True):
@@ -541,24 +448,6 @@ class Transformer(nn.Module):
     return (enc_logits if return_enc_logits else None), dec_logits
 
 
-def _same_document_ahead(seg_BKC: jax.Array, r: int) -> jax.Array:
-  """[B, K, C] bool: canvas position p + r is inside its canvas, not padding, and in p's document."""
-  seg_ahead_BKC = jnp.pad(seg_BKC[:, :, r:], ((0, 0), (0, 0), (0, r)))  # 0 past the canvas's end
-  return (seg_ahead_BKC == seg_BKC) & (seg_ahead_BKC != 0)
-
-
-def shift_canvas_logits(dec_logits_BCV: jax.Array, prev_logits_BKV: jax.Array) -> jax.Array:
-  """`ModelConfig.decoder_shift`: the logits scoring each of K canvases of C = (columns / K) positions are
-  [the encoder's logits at the token before the canvas, the decoder's outputs at positions 0 .. C - 2]
-  (position p predicted from p - 1; the decoder's output at the canvas's last position is dropped)."""
-  B, KC, V = dec_logits_BCV.shape
-  K = prev_logits_BKV.shape[1]
-  dec_BKCV = dec_logits_BCV.reshape(B, K, KC // K, V)
-  first_BK1V = prev_logits_BKV[:, :, None].astype(dec_logits_BCV.dtype)
-  return jnp.concatenate([first_BK1V, dec_BKCV[:, :, :-1]], axis=2).reshape(B, KC, V)
-
-
-# ---- parameter accounting (no allocation) -----------------------------------------------------
 def boxed_param_shapes(cfg: ModelConfig) -> Any:
   """The parameter tree with its logical axis boxes (nn.Partitioned) and jax.ShapeDtypeStruct leaves
   (`jax.eval_shape`, nothing allocated). Tracing the model's init takes about half a second on a CPU, and one
