@@ -1,17 +1,17 @@
 """Training metrics: the console (absl log), TensorBoard event files and WORKDIR/metrics.jsonl, one JSON record
 per line {"step", "split", ...} (process 0 only).
 
-The event files are written here (`ScalarEventWriter`): a scalar is a few bytes of protobuf in a TFRecord, and the
-writers of tensorboardX / tensorboard import torch or tensorflow when installed (1.4 s at every start of a
-process that trains or samples, where torch is installed)."""
+The event files go through the tensorboard package's event-file writer (`ScalarEventWriter`), imported when a run
+first writes metrics, never TensorFlow or torch (tensorboardX imports torch whenever it is installed: 1.4 s at every
+start of a process that trains or samples)."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
-import struct
+import sys
 import time
+import types
 from pathlib import Path
 
 import jax
@@ -47,101 +47,39 @@ def train_minutes(workdir: str | Path) -> dict[int, float]:
   return minutes
 
 
-def _crc32c_table() -> tuple[int, ...]:
-  table = []
-  for byte in range(256):
-    crc = byte
-    for _ in range(8):
-      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)  # CRC-32C (Castagnoli), reflected polynomial
-    table.append(crc)
-  return tuple(table)
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-  crc = 0xFFFFFFFF
-  for byte in data:
-    crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-  return crc ^ 0xFFFFFFFF
-
-
-def _masked_crc(data: bytes) -> int:
-  """TFRecord's checksum: the CRC-32C rotated right by 15 bits plus a constant."""
-  crc = crc32c(data)
-  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tfrecord(data: bytes) -> bytes:
-  """One TFRecord: length (u64), its masked CRC (u32), the data, the data's masked CRC (u32); little-endian."""
-  length = struct.pack("<Q", len(data))
-  return length + struct.pack("<I", _masked_crc(length)) + data + struct.pack("<I", _masked_crc(data))
-
-
-def _varint(n: int) -> bytes:
-  out = bytearray()
-  n &= (1 << 64) - 1  # int64 fields: two's complement
-  while True:
-    bits, n = n & 0x7F, n >> 7
-    out.append(bits | (0x80 if n else 0))
-    if not n:
-      return bytes(out)
-
-
-def _field(number: int, wire_type: int, payload: bytes) -> bytes:
-  key = _varint(number << 3 | wire_type)
-  return key + (_varint(len(payload)) + payload if wire_type == 2 else payload)
-
-
-def _float32(value: float) -> bytes:
-  """A float field's 4 bytes, rounded to nearest as protobuf does: beyond the float32 range is +-inf (a diverging
-  run's metrics still write), not struct's OverflowError."""
-  with np.errstate(over="ignore"):
-    return np.array(value, "<f4").tobytes()
-
-
-def event_proto(wall_time: float, step: int = 0, file_version: str | None = None,
-                scalars: tuple[tuple[str, float], ...] = ()) -> bytes:
-  """tensorflow.Event serialised as protobuf does it: wall_time (1, double), step (2, int64; omitted when 0 as
-  proto3 omits a default), file_version (3), summary (5) = Summary{value (1) = Value{tag (1), simple_value (2,
-  float, in a oneof: written even when 0)}}."""
-  out = _field(1, 1, struct.pack("<d", wall_time))
-  if step:
-    out += _field(2, 0, _varint(step))
-  if file_version is not None:
-    out += _field(3, 2, file_version.encode())
-  if scalars:
-    values = b"".join(_field(1, 2, _field(1, 2, tag.encode()) + _field(2, 5, _float32(value)))
-                      for tag, value in scalars)
-    out += _field(5, 2, values)
-  return out
-
-
 class ScalarEventWriter:
-  """A TensorBoard event file of scalars in `log_dir` (`tensorboard --logdir`), flushed at every write. A new
-  file per writer, named as TensorBoard's writers name theirs; a resumed run adds one beside the last."""
+  """A TensorBoard event file of scalars in `log_dir` (`tensorboard --logdir`), flushed at every write, through
+  the tensorboard package's own event-file writer (the one torch.utils.tensorboard uses), imported here on first
+  use. A new file per writer; a resumed run adds one beside the last.
 
-  _opened = 0
+  The writer reaches file operations through tensorboard's TensorFlow compatibility layer, which imports
+  TensorFlow when it is installed; `_tensorboard_without_tensorflow` makes it take tensorboard's own stub, so
+  training never imports TensorFlow (or torch)."""
 
   def __init__(self, log_dir: str | Path):
+    _tensorboard_without_tensorflow()
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter  # pylint: disable=g-import-not-at-top
     os.makedirs(log_dir, exist_ok=True)
-    ScalarEventWriter._opened += 1  # two writers of one process within a second get two files
-    self.path = Path(log_dir) / (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
-                                 f".{ScalarEventWriter._opened}")
-    self._file = open(self.path, "xb")
-    self._write(event_proto(time.time(), file_version="brain.Event:2"))
-
-  def _write(self, event: bytes) -> None:
-    self._file.write(tfrecord(event))
-    self._file.flush()
+    self._writer = EventFileWriter(str(log_dir))
 
   def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
     """One event: every scalar of `step` in one summary (TensorBoard plots each tag on its own)."""
-    self._write(event_proto(time.time(), step=int(step), scalars=tuple((t, float(v)) for t, v in scalars.items())))
+    from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
+    with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as protobuf writes it (a diverging run)
+      values = [summary_pb2.Summary.Value(tag=tag, simple_value=float(np.float32(v))) for tag, v in scalars.items()]
+    self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                           summary=summary_pb2.Summary(value=values)))
+    self._writer.flush()
 
   def close(self) -> None:
-    self._file.close()
+    self._writer.close()
+
+
+def _tensorboard_without_tensorflow() -> None:
+  """tensorboard.compat picks its stub of TensorFlow's file API when `tensorboard.compat.notf` is importable (its
+  build's "no TensorFlow" switch); registering an empty module under that name flips it."""
+  if "tensorboard.compat.notf" not in sys.modules:
+    sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
 
 
 class MetricWriter:
