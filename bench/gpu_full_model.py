@@ -1,7 +1,7 @@
 """The full DiffusionGemma 26B-A4B trunk on one accelerator, per variant: ms per denoising step, tokens/s,
 peak memory with a 4k prompt, achieved weight bandwidth, and a profile of a step (issue #17 item 5).
 
-  python bench/gpu_full_model.py --out=docs/results/gpu/full_model.json     # the four variants below
+  python bench/gpu_full_model.py --out=docs/experiments/gpu/full_model.json     # the four variants below
   python bench/gpu_full_model.py --variants=dense_bf16,capacity:none        # any moe_impl:scheme pair too
   python bench/gpu_full_model.py --preset=tiny --out=/tmp/tiny.json         # CPU smoke run of the same path
 

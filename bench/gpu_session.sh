@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# The whole GPU measurement of issue #17 (items 4-6 and 8) as one device call, prepared on CPU:
+# On a machine with a GPU and jax[cuda13]: the full model's denoising step (bench/gpu_full_model.py, its four
+# variants) and the medium preset's train step (bench/gpu_train_step.py, moe_impl tokamax and dense), each under a
+# time limit (docs/benchmarks.md "Full model on one GPU"; docs/gpu.md has the setup):
 #
-#   .venv/bin/pip download ... into .whl/ (the wheels tokamax 0.0.12 needs, for Python 3.11-3.14; docs/benchmarks.md,
-#   "Full model on one GPU", has the command), then from the session:
-#   run(command="bash bench/gpu_session.sh", carry=[".whl"], timeout_s=500)
+#   bash bench/gpu_session.sh       # OUT=/tmp/gpu_out LIMIT_S=300 TRAIN_LIMIT_S=140 (the defaults below)
 #
-# Prints the machine (Python, GPU), installs tokamax and qwix from .whl/ offline (the image has jax, flax and numpy),
-# then runs bench/gpu_full_model.py with its four variants under a time limit, then bench/gpu_train_step.py (the
-# medium preset's train step, moe_impl tokamax and dense) under its own, writing each JSON and log under
-# $OUT (the device tool's output folder; /tmp/gpu_out elsewhere). Every figure is printed as it is measured, and the
-# JSON is rewritten after each variant, so a run cut short still returns what it measured.
+# Prints the machine (Python, GPU); on a host without internet, installs tokamax and qwix from the wheels in .whl/
+# (docs/gpu.md says how to fill it); then writes each JSON and log under $OUT. Every figure is printed as it is
+# measured, and the JSON is rewritten after each variant, so a run cut short still keeps what it measured.
 set -u
 OUT=${OUT:-/tmp/gpu_out}
 LIMIT_S=${LIMIT_S:-300}

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Issue #19 item 4 on one GPU: a Sudoku training run of at most ten minutes (configs/sudoku_gpu.py) and its one-sample
-# solve rate on the 500 held-out puzzles, as one device call prepared on CPU:
+# On a machine with a GPU and jax[cuda13]: a Sudoku training run of at most about ten minutes
+# (proj/sudoku/configs/sudoku_gpu.py) and its one-sample solve rate on the 500 held-out puzzles
+# (docs/experiments/sudoku.md; docs/gpu.md has the setup):
 #
-#   mkdir -p data_cache/gpu_sudoku && cp /work/sudoku/data/{train,test}.csv data_cache/gpu_sudoku/
-#   (the puzzles of `python -m dgemma.tools.sudoku_csv --out_dir=... --num_train=20000 --num_test=500
-#    --min_blanks=30 --max_blanks=45`), the wheels of the runtime dependencies the image may lack in .whl/
-#   (docs/results.md, Sudoku, "On one GPU", has the pip download loop), then from the session:
-#   run(command="bash bench/gpu_sudoku.sh", carry=[".whl", "data_cache/gpu_sudoku"], timeout_s=560)
+#   python -m proj.sudoku.make_csv --out_dir=data_cache/gpu_sudoku --num_train=20000 --num_test=500 \
+#       --min_blanks=30 --max_blanks=45
+#   bash bench/gpu_sudoku.sh        # OUT=/tmp/gpu_out TRAIN_S=250 DATA=data_cache/gpu_sudoku (the defaults below)
 #
-# Installs only the missing distributions (offline, no dependency resolution: the image's jax, flax, optax and orbax
-# stay), times 150 training steps, sets train.num_steps so the run ends inside TRAIN_S seconds of training, trains,
-# and evaluates the last checkpoint with the released sampler. Everything a reader needs comes back under $OUT
-# (metrics.jsonl, config.json, logs, the predictions and their metrics), and every figure is printed as it is measured.
+# On a host without internet, put the wheels of the runtime dependencies into .whl/ first (docs/gpu.md): the
+# script installs only the distributions the environment lacks from there, offline and without dependency
+# resolution (an installed jax, flax, optax and orbax stay). It times 150 training steps, sets train.num_steps so
+# the run ends inside TRAIN_S seconds of training, trains, and evaluates the last checkpoint with the released
+# sampler. Everything a reader needs lands under $OUT (metrics.jsonl, config.json, logs, the predictions and their
+# metrics), and every figure is printed as it is measured.
 set -u
 OUT=${OUT:-/tmp/gpu_out}
 TRAIN_S=${TRAIN_S:-250}
@@ -48,8 +49,8 @@ EOF
 fi
 python3 -c "import jax, flax, optax, orbax.checkpoint as ocp; print('jax', jax.__version__, 'flax', flax.__version__, \
 'optax', optax.__version__, jax.devices())"
-python3 -c "import train, eval.sudoku" || { say "train.py does not import here; stopping"; exit 1; }
-COMMON=(--config=configs/sudoku_gpu.py "--config.data.sudoku.train_csv=$DATA/train.csv"
+python3 -c "import train, proj.sudoku.eval" || { say "train.py does not import here; stopping"; exit 1; }
+COMMON=(--config=proj/sudoku/configs/sudoku_gpu.py "--config.data.sudoku.train_csv=$DATA/train.csv"
         "--config.data.cache_dir=$WORK/cache" --config.train.progress_bar=False ${EXTRA:-})
 
 say "timing 150 steps"
@@ -82,6 +83,6 @@ for r in map(json.loads, open(sys.argv[1])):
 EOF
 
 say "evaluating on 500 held-out puzzles"
-timeout 150 python3 -m eval.sudoku --checkpoint="$WORK/run" --puzzles="$DATA/test.csv" --batch_size=500 \
+timeout 150 python3 -m proj.sudoku.eval --checkpoint="$WORK/run" --puzzles="$DATA/test.csv" --batch_size=500 \
   --predictions="$OUT/predictions.jsonl" 2>&1 | grep -v "^WARNING\|^I[0-9]" | tail -5 | tee "$OUT/eval.log"
 say "done"

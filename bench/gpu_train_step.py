@@ -1,7 +1,7 @@
 """Train-step speed of the `medium` preset (configs/models/medium.py: 1.95B parameters, the released structure) on
 one accelerator, per MoE path, as MFU against a matmul measured in the same run (issue #17 item 8).
 
-  python bench/gpu_train_step.py --out=docs/results/gpu/train_step.json    # moe_impl tokamax and dense
+  python bench/gpu_train_step.py --out=docs/experiments/gpu/train_step.json    # moe_impl tokamax and dense
   python bench/gpu_train_step.py --preset=tiny --out=/tmp/tiny_train.json    # CPU smoke run of the same path
 
 The step is the library's (`dgemma.train.step.make_train_step`: the diffusion loss of `DiffusionSettings`, its
