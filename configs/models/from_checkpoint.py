@@ -1,6 +1,7 @@
 """The model of an existing checkpoint as a config's starting point (fine-tuning and adaptation configs).
 
   config = from_checkpoint.apply(base.get_config(), "/ckpts/dgemma")   # any kind dgemma.load takes
+  python -m dgemma.tools.params --config=configs/models/from_checkpoint.py:/ckpts/dgemma   # its model group
 
 `apply` reads only the checkpoint's metadata (dgemma.checkpoints.header): a training run, a params checkpoint,
 an adapter or a Hugging Face directory. It sets the architecture keys of the `model` group (compute choices such
@@ -16,6 +17,15 @@ from dgemma import checkpoints
 from dgemma import settings as settings_lib
 
 FIELD = "the config argument (a checkpoint)"
+
+
+def get_config(checkpoint: str = "") -> ml_collections.ConfigDict:
+  """The model group of `checkpoint` (a preset read from it); without one, the declared defaults."""
+  if not checkpoint:
+    return settings_lib.default_config().model
+  model = ml_collections.ConfigDict(checkpoints.header(checkpoint, FIELD).model.to_dict())
+  model.preset = "imported"
+  return model
 
 
 def apply(config: ml_collections.ConfigDict, checkpoint: str) -> ml_collections.ConfigDict:

@@ -36,6 +36,31 @@ def test_shipped_configs_are_valid(get_config):
   assert settings.model.num_layers == len(settings.model.layer_types)
 
 
+def _config_files():
+  return sorted(str(p.relative_to(REPO)) for pattern in ("configs/**/*.py", "proj/*/configs/*.py")
+                for p in REPO.glob(pattern) if p.name != "__init__.py")
+
+
+@pytest.mark.parametrize("path", _config_files())
+def test_every_config_file_builds_through_the_boundary(path):
+  # every get_config() of the tree: experiment configs through from_config, presets through their group's checks,
+  # ablation sweeps through eval.ablate's check (each of its settings a valid config)
+  from dgemma import fields
+  from dgemma.tools import cli
+  from eval import ablate
+  config = cli.load_config_file(path)
+  if "/ablations/" in path or path.endswith("proj/sudoku/configs/renoise.py"):
+    assert ablate.check_ablation(config)
+  elif "/models/" in path:
+    assert ModelConfig.from_config_dict(config).num_layers >= 1
+  elif "/mesh/" in path:
+    assert fields.from_raw(settings_lib.MeshSettings, config).axis_rules
+  else:
+    if config.distill.method == "dcd" and not config.train.init_from:
+      config.train.init_from = "/a/teacher"  # configs/distill_dcd.py:TEACHER names the run it distils
+    settings_lib.from_config(config)
+
+
 def test_settings_are_typed_frozen_and_round_trip(tiny_config):
   settings = settings_lib.from_config(tiny_config)
   assert settings.data.seq_len == tiny_config.data.seq_len and settings.diffusion.canvas_len == 16
