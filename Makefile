@@ -40,6 +40,7 @@ bench: venv  # the CPU benchmarks of docs/benchmarks.md (bench/gpu_full_model.py
 	$(PY) bench/moe.py
 	$(PY) bench/sampler_vs_hf.py
 	$(PY) bench/memory_check.py
+	$(PY) bench/prompt_buckets.py
 
 clean:
 	rm -rf $(DEMO_WORKDIR) $(REPORT)

@@ -52,7 +52,7 @@ def _programs():
   for scheme in ("none", "int8"):
     def canvas(scheme=scheme):
       fn, args = memory.canvas_step_program(cfg, quant.QuantConfig(scheme), _CONTEXT.value, _CANVAS.value)
-      return fn, args, memory.activation_peak(jax.make_jaxpr(fn)(*args)) - memory.tree_bytes(args[:2])
+      return fn, args, memory.activation_peak(jax.make_jaxpr(fn)(*args)) - quant.tree_bytes(args[:2])
     out.append((f"canvas step, {scheme} weights", canvas))
   if not _SKIP_TRAIN.value:
     for remat in ("none", "full"):
@@ -63,7 +63,7 @@ def _programs():
         config.data.batch_size, config.data.seq_len = _BATCH.value, _SEQ.value
         config.diffusion.canvas_len = _TRAIN_CANVAS.value
         fn, args, _ = memory.train_grad_program(config, dict(data=1, fsdp=1, expert=1, tensor=1))
-        return fn, args, memory.activation_peak(jax.make_jaxpr(fn)(*args)) - memory.tree_bytes(args)
+        return fn, args, memory.activation_peak(jax.make_jaxpr(fn)(*args)) - quant.tree_bytes(args)
       out.append((f"value_and_grad, remat={remat}", train))
   return group, out
 

@@ -66,7 +66,8 @@ def mean_decoder_passes(ckpt, config, qcfg, prompts: list[list[int]], canvas_len
   run = ml_collections.ConfigDict(config.to_dict())
   run.sample.quantize, run.sample.quant_group_size = qcfg.scheme, qcfg.group_size
   run.sample.early_exit = True
-  model = api.Model(ckpt, run, mesh_lib.make_mesh(settings_lib.from_config(run).mesh.shape))
+  settings = settings_lib.from_config(run)
+  model = api.Model(ckpt, settings, mesh_lib.make_mesh(settings.mesh.shape))
   out = model.generate([model.tokenizer.decode(ids) for ids in prompts], max_new_tokens=canvas_len, seed=0,
                        steps=_STEPS.value, temperature=_TEMPERATURE.value)
   passes = np.asarray([g.num_forwards for g in out], np.float64)

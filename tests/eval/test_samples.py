@@ -63,7 +63,7 @@ def _ckpt(config, objective):
   settings = settings_lib.from_config(config)
   model_cfg = settings.model
   ckpt = checkpoints.Checkpoint(f"random_{objective}", "params", model_cfg, random_params(model_cfg))
-  return dgemma.Model(ckpt, config, mesh_lib.make_mesh(settings.mesh.shape))
+  return dgemma.Model(ckpt, settings, mesh_lib.make_mesh(settings.mesh.shape))
 
 
 @pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget

@@ -27,32 +27,37 @@ def test_data_file_errors_are_user_errors(tiny_config, tmp_path):
     assert not (tmp_path / "wd").exists()
 
 
-@pytest.mark.slow  # subprocesses: the command lines themselves
-def test_bad_command_lines_are_one_line(tiny_run, tmp_path):
-  workdir, _ = tiny_run
+def test_bad_checkpoints_and_outputs_are_user_errors(tiny_run, tmp_path):
+  # what sample.py / train.py print as one line (cli.USER_ERRORS), raised before any weight is read
+  from dgemma import api
+  workdir, config = tiny_run
   (tmp_path / "plain").write_text("")
   broken = tmp_path / "broken_run"
-  broken.mkdir()
-  (broken / "checkpoints").mkdir()
+  (broken / "checkpoints").mkdir(parents=True)
   (broken / "config.json").write_text((workdir / "config.json").read_text()[:40])  # cut short
   broken_hf = tmp_path / "broken_hf"
   broken_hf.mkdir()
   (broken_hf / "config.json").write_text('{"model_type": "diffusion_gemma", "text_')
   (broken_hf / "model.safetensors").write_bytes(b"")
-  (tmp_path / "empty.txt").write_text("")
-  train = [sys.executable, "train.py", "--config=configs/tiny_test.py"]
+  cases = [(lambda: loop.train_and_evaluate(config, str(tmp_path / "plain")),
+            f"--workdir: {tmp_path / 'plain'} is a file, not a directory"),
+           (lambda: api.sample_command(str(broken)), f"{broken / 'config.json'}: not valid JSON"),
+           (lambda: api.sample_command(str(broken_hf)), f"{broken_hf / 'config.json'}: not valid JSON"),
+           (lambda: api.sample_command(str(workdir), out=str(tmp_path)), f"--out: {tmp_path} is a directory; name a file"),
+           (lambda: api.sample_command(str(workdir), step=2), r"sample.checkpoint_step: step 2 not in .* \(have \[3\]\)")]
+  for call, message in cases:
+    with pytest.raises(cli.USER_ERRORS, match=message):
+      call()
+
+
+@pytest.mark.slow  # subprocesses: the command lines themselves
+def test_bad_command_lines_are_one_line(tiny_run, tmp_path):
+  workdir, _ = tiny_run
   cases = [
       ([sys.executable, "sample.py", f"--checkpoint={workdir}", "--stepz=2"], "sample.py: Unknown command line flag 'stepz'"),
       ([sys.executable, "train.py", "--config.train.num_steps=3", "--config=configs/tiny_test.py", "--workdir=w"],
        "train.py: Found --config.train.num_steps=3 in argv before a value for --config was specified; put --config=FILE first"),
-      (train + [f"--workdir={tmp_path / 'plain'}"], f"train.py: --workdir: {tmp_path / 'plain'} is a file, not a directory"),
-      (train + [f"--workdir={tmp_path / 'w'}", "--config.data.source=files",
-                f"--config.data.files=('{tmp_path / 'empty.txt'}',)"], "train.py: data.files: "),
-      ([sys.executable, "sample.py", f"--checkpoint={broken}"], f"sample.py: {broken / 'config.json'}: not valid JSON"),
-      ([sys.executable, "sample.py", f"--checkpoint={broken_hf}"], f"sample.py: {broken_hf / 'config.json'}: not valid JSON"),
-      ([sys.executable, "sample.py", f"--checkpoint={workdir}", f"--out={tmp_path}"],
-       f"sample.py: --out: {tmp_path} is a directory; name a file"),
-      ([sys.executable, "sample.py", f"--checkpoint={workdir}", "--step=2"],
+      ([sys.executable, "sample.py", f"--checkpoint={workdir}", "--step=2"],  # a user error, printed as one line
        "sample.py: sample.checkpoint_step: step 2 not in"),
   ]
   for cmd, expected in cases:
@@ -60,4 +65,3 @@ def test_bad_command_lines_are_one_line(tiny_run, tmp_path):
     last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
     assert out.returncode != 0 and last.startswith(expected), (cmd, out.stderr[-2000:])
     assert "Traceback" not in out.stderr, (cmd, out.stderr[-2000:])
-  assert not (tmp_path / "w").exists()
