@@ -111,12 +111,15 @@ def test_folding_a_lora_source_equals_merge_lora(sources, tmp_path):
   found, config = sources
   path, _ = found["adapter_lora"]
   merge_lora.merge_checkpoints(str(path), str(tmp_path / "merged"), base_dir=str(found["params"][0]))
+  convert.to_params(path, tmp_path / "converted")  # convert --from_ckpt ADAPTER folds it the same way
   state = _init(path, _settings(config, "full"))
   merged = _flat(checkpoints.load(tmp_path / "merged").params)
+  converted = _flat(checkpoints.load(tmp_path / "converted").params)
   got = _flat(state.params)
-  assert set(got) == set(merged)
+  assert set(got) == set(merged) == set(converted)
   for key in got:
     np.testing.assert_array_equal(got[key], merged[key], err_msg="/".join(key))
+    np.testing.assert_array_equal(converted[key], merged[key], err_msg="/".join(key))
   base = found["workdir"][1]
   assert any(not np.array_equal(got[k], base[k]) for k in got)  # the factors did change the weights
 
