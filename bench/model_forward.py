@@ -25,12 +25,13 @@ from ml_collections import config_flags
 
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.tools import params as params_tool
-from bench.timing import median_seconds
+from bench.timing import matmul_gflops, median_seconds
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/models/small.py", "Model preset (or experiment config).")
 _CANVAS = flags.DEFINE_integer("canvas", 256, "Canvas tokens.")
 _CONTEXT = flags.DEFINE_integer("context", 256, "Encoded context tokens in the KV cache.")
 _REPS = flags.DEFINE_integer("reps", 20, "Timed calls per measurement.")
+_MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "Size of the f32 matmul the rates are put against.")
 
 
 def random_params(cfg: ModelConfig, seed: int = 0):
@@ -43,12 +44,6 @@ def random_params(cfg: ModelConfig, seed: int = 0):
     return jnp.asarray(v, s.dtype)
 
   return jax.tree_util.tree_map_with_path(fill, param_shapes(cfg))
-
-
-def matmul_gflops(n: int = 2048, reps: int = 10) -> float:
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  return 2 * n**3 / median_seconds(lambda: f(a), reps) / 1e9
 
 
 def xla_flops(jitted, *args) -> float:
@@ -116,9 +111,9 @@ def main(argv):
     fns.append((kind, label, n, flops, xla_flops(fn, *args), compile_s, lambda fn=fn, args=args: fn(*args)))
 
   reps = _REPS.value
-  peak = matmul_gflops()
+  peak = matmul_gflops(_MATMUL_N.value)
   times = [median_seconds(call, reps) for *_, call in fns]
-  peak2 = matmul_gflops()  # again after: the machine is shared, bracket the measurement
+  peak2 = matmul_gflops(_MATMUL_N.value)  # again after: the machine is shared, bracket the measurement
   peak = (peak + peak2) / 2
   counts = params_tool.summarize(base)
 

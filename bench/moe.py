@@ -33,13 +33,15 @@ from dgemma.model.moe import MoE
 _REPS = flags.DEFINE_integer("reps", 3, "Interleaved rounds (each round times every variant).")
 _MIN_TIME = flags.DEFINE_float("min_time", 0.3, "Seconds each timing spans at least (calls are repeated).")
 _CAPACITY = flags.DEFINE_float("capacity_factor", 2.0, "moe_impl='capacity' variant: rows per expert / mean load.")
-_SIZES = flags.DEFINE_list("sizes", ["small", "larger"], "Which layer sizes to time: 'small' (preset), 'larger'.")
+_SIZES = flags.DEFINE_list("sizes", ["small", "larger"], "Which layer sizes to time: 'small' (preset), 'larger' "
+                           "('tiny': a smoke run).")
 
 # (label, d_model, num_experts, top_k, expert_hidden, tokens)
 _SMALL = small.get_config()
 SIZES = (
     ("small", _SMALL.d_model, _SMALL.num_experts, _SMALL.experts_per_token, _SMALL.expert_hidden, 2048),
     ("larger", 512, 16, 2, 512, 4096),
+    ("tiny", 32, 4, 2, 16, 64),
 )
 
 

@@ -23,12 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
-import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
 from bench import dot_ceiling, profiling
-from bench.timing import host_cpu
+from bench.timing import host_cpu, matmul_gflops
 from bench.train_setup import train_step_inputs
 from dgemma import settings as settings_lib
 from dgemma.model import count_params
@@ -38,22 +37,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Experime
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")
 _DOTS = flags.DEFINE_bool("dots", True, "Also time the step's matmuls alone (bench/dot_ceiling.py).")
 _SOURCES = flags.DEFINE_integer("sources", 0, "Also print the N largest sources of a profiled step's time (0: no).")
-
-
-def matmul_gflops(n: int = 2048, reps: int = 10, trials: int = 5) -> float:
-  """The best of `trials` timings of `reps` f32 n^3 matmuls: the machine's practical peak. (One timing moved
-  by 1.4x between two runs on a quiet machine; the best of several is stable to a few percent.)"""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  best = 0.0
-  for _ in range(trials):
-    t = time.perf_counter()
-    for _ in range(reps):
-      out = f(a)
-    out.block_until_ready()
-    best = max(best, 2 * n**3 * reps / (time.perf_counter() - t) / 1e9)
-  return best
+_MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "Size of the f32 matmul the rate is put against.")
 
 
 def source_table(step, state, batch, rng, top: int, steps: int = 3):
@@ -93,13 +77,13 @@ def main(argv):
   total, active = counts['total'], counts['active']
   model_flops = params_tool.train_step_flops(model_cfg, settings.diffusion, config.data.batch_size, config.data.seq_len)
   model_gflops = model_flops / sec_per_step / 1e9
-  peak = matmul_gflops()
+  peak = matmul_gflops(_MATMUL_N.value)
   print(f"cpu: {host_cpu()}")
   print(f"config: {config.model.get('preset', '?')}  params total={total/1e6:.2f}M active={active/1e6:.2f}M  "
         f"batch={config.data.batch_size}x{config.data.seq_len}")
   print(f"compile (first step): {compile_s:.1f} s")
   print(f"train step: {sec_per_step*1e3:.1f} ms  -> {tokens/sec_per_step:,.0f} tokens/s")
-  print(f"model FLOP rate: {model_gflops:.1f} GFLOP/s; f32 2048^2 matmul in the same run: {peak:.1f} GFLOP/s; "
+  print(f"model FLOP rate: {model_gflops:.1f} GFLOP/s; f32 {_MATMUL_N.value}^2 matmul in the same run: {peak:.1f} GFLOP/s; "
         f"ratio (MFU vs matmul peak): {model_gflops/peak:.3f}")
   if _SOURCES.value:
     table, state = source_table(step, state, batch, rng, _SOURCES.value)

@@ -332,6 +332,7 @@ def test_score_refuses_an_empty_document_before_scoring(loaded, monkeypatch):
       model.score(texts)
 
 
+@pytest.mark.slow  # a live generate program (its compile): over the fast tier's budget
 def test_on_step_views_carry_texts_and_only_the_requests_rows(loaded):
   model = loaded[0]
   steps = []
@@ -342,6 +343,7 @@ def test_on_step_views_carry_texts_and_only_the_requests_rows(loaded):
   assert len(outs) == 3
 
 
+@pytest.mark.slow  # a generate compile on another model: over the fast tier's budget
 def test_chat_on_a_tokenizer_without_turn_markers_warns_once(tiny_run, caplog):
   model = dgemma.load(str(tiny_run[0]))  # the byte tokenizer: no <|turn> / <turn|>
   conversation = [{"role": "user", "content": "hi"}]

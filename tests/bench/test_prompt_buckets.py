@@ -19,6 +19,7 @@ def test_each_mode_times_first_and_second_calls_per_length(tiny_run):
     assert all(set(r) == {"first_s", "second_s"} and r["first_s"] > 0 and r["second_s"] > 0 for r in out.values())
 
 
+@pytest.mark.slow  # builds and saves demo-size weights
 def test_the_random_demo_run_loads_with_the_demo_architecture(tmp_path):
   import dgemma
   from configs import demo

@@ -73,7 +73,12 @@ def _folded(factors, base, scale):
   return _flat(lora.merge(unflat(dict(base)), unflat(dict(factors)), scale))
 
 
-@pytest.mark.parametrize("kind", ["workdir", "params", "hf", "adapter_lora", "adapter_head_only"])
+_SLOW = pytest.mark.slow  # the fast tier keeps a run (the README's case) and the refusal; the other kinds run in make test
+KINDS = [pytest.param("workdir"), pytest.param("params", marks=_SLOW), pytest.param("hf", marks=_SLOW),
+         pytest.param("adapter_lora", marks=_SLOW), pytest.param("adapter_head_only")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", MODES)
 def test_every_kind_starts_every_mode_at_its_model(sources, kind, mode):
   found, config = sources
