@@ -51,10 +51,7 @@ def save_random_run(config, workdir):
   state = state_lib.TrainState(step=jnp.ones((), jnp.int32), params=params,
                                opt_state=optimizer_lib.make_optimizer(settings.opt, 1).init(params))
   workdir_ckpt.write_config_json(workdir, settings.config_json)
-  manager = workdir_ckpt.make_manager(workdir, async_save=False)
-  workdir_ckpt.save(manager, 1, state, None)
-  manager.wait_until_finished()
-  manager.close()
+  workdir_ckpt.save_step(workdir, 1, state)
   return model_cfg, state
 
 

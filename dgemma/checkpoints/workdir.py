@@ -130,6 +130,17 @@ def step_dir(workdir: str | os.PathLike, step: int) -> Path:
   return checkpoint_dir(workdir) / str(step)
 
 
+def save_step(workdir: str | os.PathLike, step: int, state: Any, data_state: dict | None = None) -> None:
+  """Writes one checkpoint step of a workdir outside a training loop, synchronously (a relaid copy, a run made of
+  given weights)."""
+  manager = make_manager(workdir, keep=1, async_save=False)
+  try:
+    save(manager, step, state, data_state)
+    manager.wait_until_finished()
+  finally:
+    manager.close()
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_state: dict | None) -> None:
   items = {STATE: ocp.args.StandardSave(state)}
   if data_state is not None:

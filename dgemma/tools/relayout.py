@@ -83,12 +83,7 @@ def relayout_workdir(src: str, out: str, scan_layers: bool, *, step: Optional[in
   tokenizer = Path(src) / workdir_ckpt.TOKENIZER_FILE
   if tokenizer.is_file():
     shutil.copyfile(tokenizer, tmp / workdir_ckpt.TOKENIZER_FILE)
-  writer = workdir_ckpt.make_manager(tmp, keep=1, async_save=False)
-  try:
-    workdir_ckpt.save(writer, step, state, data_state)
-    writer.wait_until_finished()
-  finally:
-    writer.close()
+  workdir_ckpt.save_step(tmp, step, state, data_state)
   tmp.rename(out)
   logging.info("Wrote %s: step %d of %s with model.scan_layers=%s", out, step, src, scan_layers)
   return step
