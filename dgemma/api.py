@@ -9,12 +9,15 @@
 `load` reads params only (never a run's optimizer state), finds the tokenizer that belongs to the weights
 (a run's WORKDIR/tokenizer.model or its byte tokenizer; tokenizer.model, else tokenizer.json, beside
 converted or Hugging Face weights), and checks every setting before reading a weight. The settings of a
-run come from its config.json; for other checkpoints from `config` (or configs/base.py defaults, with the
-canvas length of the HF config). A model trained with diffusion.objective='ar' (or a Gemma 4 AR directory)
-generates with the AR decoder behind the same call.
+run, and of anything made from one (its adapter, a conversion or export), are the run's; for other checkpoints
+`config` (or every default, with the canvas length and generation_config.json of an HF directory). The Model
+holds typed Settings (`model.settings`). A model trained with diffusion.objective='ar' (or a Gemma 4 AR
+directory) generates with the AR decoder behind the same call.
 
 Sampler settings per call: `steps` (sample.max_denoising_steps), `temperature` (sample.t_max = t_min) and
-any key of the `sample` group as a keyword (`t_max=0.6`, `sampler='ancestral'`, ...), checked like a config.
+any key of the `sample` group as a keyword (`t_max=0.6`, `sampler='ancestral'`, ...), checked like a config
+(`Settings.replace`). Prompts of new lengths and batch sizes reuse compiled programs (`generate_ids` pads them to
+a few shapes, dgemma/sampling/generation.py `bucketed_shape`).
 Streaming: `on_step(view)` gets a `dgemma.sampling.StepView` after every denoising step and
 `on_canvas(view)` a `CanvasView` per finished canvas, so a notebook can show the text as it forms.
 """

@@ -23,15 +23,11 @@ def test_the_cache_directory_is_chosen_by_jax_then_the_environment(monkeypatch, 
   assert jax_cache.chosen_dir("/from/jax", "0") == Path("/from/jax")  # a directory given to JAX is kept
 
 
-@pytest.mark.slow  # subprocesses (the command line in a fresh process)
-def test_a_command_line_fills_the_cache_and_the_next_process_reads_it(tiny_run, tmp_path):
+@pytest.mark.slow  # a subprocess (the command line in a fresh process)
+def test_a_command_line_fills_the_cache(tiny_run, tmp_path):  # (reading it back is JAX's own)
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
   env.update(DGEMMA_COMPILATION_CACHE_DIR=str(tmp_path / "cache"), JAX_PLATFORMS="cpu")
   cmd = [sys.executable, "sample.py", f"--checkpoint={tiny_run[0]}", "--steps=2"]
   first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert first.returncode == 0, first.stderr[-3000:]
-  entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
-  assert entries  # the generate program (seconds to compile) was written
-  second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-  assert second.returncode == 0 and second.stdout == first.stdout  # same samples from the cached program
-  assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == entries  # read, nothing compiled anew
+  assert any((tmp_path / "cache").iterdir())  # the generate program (seconds to compile) was written

@@ -121,16 +121,11 @@ def test_transformers_loads_the_export_text_only_with_the_runs_generation_settin
   assert (gen.t_max, gen.t_min, gen.max_denoising_steps, gen.max_new_tokens) == (1.0, 0.7, 4, 24)
 
 
-@pytest.mark.slow  # subprocesses (the command line)
-def test_convert_command_from_a_run(sp_run, tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  run = lambda *args: subprocess.run([sys.executable, "-m", "dgemma.tools.convert", *args], cwd=REPO, env=env,
-                                     capture_output=True, text=True, timeout=600)
-  r = run("--from_ckpt", str(sp_run), "--to_hf", str(tmp_path / "hf"))
+@pytest.mark.slow  # a subprocess (the command line; its --from_hf / --from_ckpt parsing: test_hf.py's end to end)
+def test_convert_command_from_a_run_warns_what_transformers_cannot_run(sp_run, tmp_path):
+  r = subprocess.run([sys.executable, "-m", "dgemma.tools.convert", "--from_ckpt", str(sp_run), "--to_hf",
+                      str(tmp_path / "hf")], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                     text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "transformers' DiffusionGemma generate() runs the released entropy-bound sampler" in r.stderr
-  r = run("--from_ckpt", str(sp_run), "--to", str(tmp_path / "p"))
-  assert r.returncode == 0 and (tmp_path / "p" / "run_config.json").is_file()
-  r = run("--from_ckpt", str(sp_run), "--to", str(tmp_path / "p"))
-  assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("dgemma.tools.convert: --to: ")
-  assert "Traceback" not in r.stderr
+  assert "sample.sampler='ancestral'" in r.stderr and (tmp_path / "hf" / "tokenizer.model").is_file()

@@ -454,8 +454,9 @@ def test_parse_size():
     convert.parse_size("lots")
 
 
-@pytest.mark.slow  # five subprocesses, each importing jax + orbax
+@pytest.mark.slow  # three subprocesses, each importing jax + orbax
 def test_cli_end_to_end(dg_dirs, tmp_path):
+  # the command line's two directions (the conversions themselves: tests/checkpoints/test_convert.py, in process)
   model, src = dg_dirs["sgsg"]
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
 
@@ -468,14 +469,15 @@ def test_cli_end_to_end(dg_dirs, tmp_path):
   params, cfg_dict = params_ckpt.load_params(tmp_path / "ck")
   assert cfg_dict["param_dtype"] == "bfloat16" and cfg_dict["layer_types"][1] == "global"
   assert params["embedder"]["embedding"].dtype == ml_dtypes.bfloat16
-  run("--from_hf", src, "--to", str(tmp_path / "ck32"))
+  from dgemma.checkpoints import convert as convert_lib
+  convert_lib.to_params(src, tmp_path / "ck32")
   run("--from_ckpt", str(tmp_path / "ck32"), "--to_hf", str(tmp_path / "out"),
       "--hf_base", src, "--max_shard_size", "200KB")
   assert (tmp_path / "out" / hf.INDEX_FILE).exists()
   a, b = _tensors(src), _tensors(tmp_path / "out")
   assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
   # Without --hf_base the kept hf_config.json still restores canvas_length and token ids; the export is text-only
-  run("--from_ckpt", str(tmp_path / "ck32"), "--to_hf", str(tmp_path / "out2"))
+  convert_lib.to_hf(tmp_path / "ck32", tmp_path / "out2")
   out_cfg = json.loads((tmp_path / "out2" / "config.json").read_text())
   assert out_cfg["canvas_length"] == 8 and hf.is_text_only(out_cfg)
   r = subprocess.run([sys.executable, "-m", "dgemma.tools.convert", "--from_hf", src], cwd=REPO, env=env,
