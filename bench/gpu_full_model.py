@@ -117,9 +117,9 @@ def _random_tree(shapes, key):
   out = []
   for k, (path, s) in zip(keys, leaves):
     if isinstance(s, QArray):
-      qmax = 7 if jnp.dtype(s.q.dtype) == jnp.dtype(jnp.int4) else 127
-      q = jax.random.randint(k, s.q.shape, -qmax, qmax + 1, jnp.int8).astype(s.q.dtype)
-      out.append(QArray(q=q, scale=jnp.full(s.scale.shape, 0.06 / qmax, s.scale.dtype), group_axis=s.group_axis))
+      qmax = 7 if jnp.dtype(s.qvalue.dtype) == jnp.dtype(jnp.int4) else 127
+      q = jax.random.randint(k, s.qvalue.shape, -qmax, qmax + 1, jnp.int8).astype(s.qvalue.dtype)
+      out.append(QArray(qvalue=q, scale=jnp.full(s.scale.shape, 0.06 / qmax, s.scale.dtype)))
     elif "scale" in jax.tree_util.keystr(path):  # also 'layer_scalar'
       out.append(jax.random.uniform(k, s.shape, s.dtype, 0.8, 1.2))
     else:

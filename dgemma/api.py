@@ -35,8 +35,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from configs import base
 from dgemma import checkpoints, fields, files, jax_cache, quant, report, tokenizers
+from dgemma import finetune as finetune_lib
 from dgemma import data as data_lib
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
@@ -205,8 +205,10 @@ def load_with(header: checkpoints.Checkpoint, settings: settings_lib.Settings, *
   want_step = settings.sample.checkpoint_step if step is None else step
   # laid out as the settings' model (its dtypes and compute choices: a run's, also for the weights of a run kept
   # elsewhere, its adapter, conversion or export), so they generate as the run does
+  # a QLoRA run (and its adapter) on the quantized base it trained against (finetune.base_quant)
   ckpt = checkpoints.load_as(header.path, settings.model, step=want_step if header.kind == "workdir" else None,
-                             mesh=jax_mesh, axis_rules=settings.mesh.axis_rules, field=field)
+                             mesh=jax_mesh, axis_rules=settings.mesh.axis_rules, field=field,
+                             base_quant=settings.base_quant, quantize_only=finetune_lib.frozen_base(settings.finetune))
   return Model(ckpt, settings, jax_mesh, tokenizer=tokenizer)
 
 

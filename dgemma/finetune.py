@@ -19,11 +19,13 @@ into its base weights.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import flax
 import jax
 
+from dgemma import quant
 from dgemma.model import lora as lora_lib
 from dgemma.errors import ConfigError
 
@@ -85,6 +87,21 @@ def label(names: tuple[str, ...], finetune) -> str:
   if finetune.mode == "head_only" and names[0] == "self_conditioning":
     return TRAINABLE
   return FROZEN
+
+
+def frozen_base(finetune):
+  """The predicate on params key paths that picks the frozen leaves a QLoRA run may hold quantized
+  (finetune.base_quant, `dgemma.quant.quantize_params(only=...)`): adapters and, in head_only, the
+  self-conditioning module train in float32 and are never quantized."""
+  return lambda names: label(tuple(names), finetune) == FROZEN
+
+
+def base_quantizer(base_quant, finetune) -> Callable[[Any], Any]:
+  """boxed params -> the same with the frozen base quantized (finetune.base_quant: QLoRA, `quant.quantize_boxed`
+  of the leaves `frozen_base` picks); the identity without base quantization (`base_quant` None or 'none')."""
+  if base_quant is None or base_quant.scheme == "none":
+    return lambda boxed: boxed
+  return functools.partial(quant.quantize_boxed, qcfg=base_quant, only=frozen_base(finetune))
 
 
 def param_labels(params: Any, finetune) -> Any:

@@ -25,9 +25,12 @@ Presets (`sample.quantize`): 'int8', 'int4' (every quantizable weight), 'int4_ex
 weights int4 in groups of `group_size`, every other quantizable weight int8 per channel: the experts are
 most of the parameters, the rest is read by every token).
 
+The stored type is qwix's `QArray` (dgemma/model/qarray.py). The values are computed here rather than by
+`qwix.quantize`, which divides by the scale in the weight's dtype: for a bf16 checkpoint we divide in fp32 by
+the scale as stored, so q is the nearest level to w under the scale the model multiplies by.
+
 Expert kernels: with model.moe_impl='tokamax' the expert `QArray`s are not dequantized by the model: they
-reach `tokamax.ragged_dot` as `qwix.QArray`s over the same q and scale arrays (our scale layout is qwix's:
-`dgemma.model.moe_kernels.to_qwix`), for its quantized kernels.
+reach `tokamax.ragged_dot` as they are, for its quantized kernels.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,12 +48,13 @@ import numpy as np
 from dgemma import fields
 from dgemma.errors import ConfigError
 from dgemma.fields import setting
-from dgemma.model import lora, param_shapes
+from dgemma.model import lora, param_shapes, sharding
+from dgemma.model import qarray
 from dgemma.model.qarray import QArray, dequantize, is_quantized, take_rows
 
 # The quantized weight type and its helpers live beside the layers that read them (dgemma/model/qarray.py).
 __all__ = ["QArray", "QuantConfig", "SCHEMES", "check", "contracted_axes", "dequantize", "is_quantized",
-           "quantize_array", "quantize_params", "take_rows", "tree_bytes"]
+           "leaf_plan", "quantize_array", "quantize_boxed", "quantize_leaf", "quantize_params", "same_layout", "stack", "take_rows", "tree_bytes"]
 
 SCHEMES = ("none", "int8", "int4", "int4_experts")
 _QMAX = {"int8": 127, "int4": 7}
@@ -130,15 +135,40 @@ def quantize_array(w: jax.Array, axes: tuple[int, ...], scheme: str, group_size:
   # the stored (possibly bf16) scale is what q is computed against; all-zero groups get scale 1
   scale = jnp.where(amax > 0, amax / qmax, 1.0).astype(w.dtype)
   q = jnp.clip(jnp.round(w_g / scale.astype(jnp.float32)), -qmax, qmax).astype(_QDTYPE[scheme]).reshape(w.shape)
-  return QArray(q=q, scale=jnp.squeeze(scale, axis=ax + 1), group_axis=ax - ndim)
+  return qarray.make(q, jnp.squeeze(scale, axis=ax + 1))
 
 
 def _path_names(path) -> tuple[str, ...]:
   return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
-def quantize_params(params: Any, qcfg: QuantConfig) -> Any:
-  """The params tree with every quantizable weight replaced by a `QArray` (others unchanged).
+def leaf_plan(names: tuple[str, ...], shape: tuple[int, ...], qcfg: QuantConfig,
+              only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Optional[tuple[tuple[int, ...], str]]:
+  """(contracted axes, 'int8' | 'int4') of the weight at key path `names` under `qcfg`, or None when it stays
+  unquantized. `shape` may lack a stacked leading 'layers' axis (one layer's slice quantizes as its slice of the
+  stacked weight would). Raises ConfigError naming sample.quant_group_size for a group that does not divide."""
+  if qcfg.scheme == "none" or (only is not None and not only(tuple(names))):
+    return None
+  axes = contracted_axes(tuple(names), len(shape), qcfg.embedding)
+  if axes is None:
+    return None
+  scheme = leaf_scheme(qcfg.scheme, tuple(names))
+  _num_groups(shape[axes[-1]], qcfg.group_size, scheme, "/".join(names))
+  return axes, scheme
+
+
+def quantize_leaf(names: tuple[str, ...], w: Any, qcfg: QuantConfig,
+                  only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Any:
+  """One weight (or one layer's slice of a stacked weight) as `quantize_params` quantizes it: a `QArray`, or `w`
+  itself when it stays unquantized."""
+  plan = leaf_plan(names, np.shape(w), qcfg, only)
+  return w if plan is None else quantize_array(w, plan[0], plan[1], int(qcfg.group_size), "/".join(names))
+
+
+def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Any:
+  """The params tree with every quantizable weight replaced by a `QArray` (others unchanged). `only(key path)`
+  picks the weights that may be quantized (a fine-tuning run's frozen base: `dgemma.finetune.frozen_base`);
+  leaves that are already `QArray`s stay as they are.
 
   Leaves may be numpy (e.g. `dgemma.checkpoints.params.load_params`) or jax arrays; each weight is quantized by
   its own jitted call, so peak memory is the input tree plus one weight's temporaries. Under
@@ -147,24 +177,41 @@ def quantize_params(params: Any, qcfg: QuantConfig) -> Any:
   """
   if qcfg.scheme == "none":
     return params
-  plan = {}
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+  plan = {}  # validated for every weight before any work
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params, is_leaf=is_quantized):
     names = _path_names(path)
-    axes = contracted_axes(names, np.ndim(leaf), qcfg.embedding)
-    if axes is not None:
-      size = np.shape(leaf)[axes[-1]]
-      scheme = leaf_scheme(qcfg.scheme, names)
-      _num_groups(size, qcfg.group_size, scheme, "/".join(names))  # validate before any work
-      plan[names] = (axes, scheme)
+    if not is_quantized(leaf) and leaf_plan(names, np.shape(leaf), qcfg, only) is not None:
+      plan[names] = True
 
   def convert(path, leaf):
     names = _path_names(path)
-    if names not in plan:
-      return leaf
-    axes, scheme = plan[names]
-    return quantize_array(leaf, axes, scheme, int(qcfg.group_size), "/".join(names))
+    return quantize_leaf(names, leaf, qcfg, only) if names in plan else leaf
 
-  return jax.tree_util.tree_map_with_path(convert, params)
+  return jax.tree_util.tree_map_with_path(convert, params, is_leaf=is_quantized)
+
+
+def quantize_boxed(boxed: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Any:
+  """`quantize_params` of a boxed params tree (nn.Partitioned leaves holding arrays or jax.ShapeDtypeStructs:
+  a model's init, `boxed_param_shapes`): a quantized weight becomes a `QArray` whose qvalue and scale are each
+  boxed with the weight's logical axis names, so they are placed like the weight (`dgemma.model.sharding.place`
+  replicates the scale's reduced axes, which no mesh axis divides)."""
+  if qcfg.scheme == "none":
+    return boxed
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+  values = sharding.unbox(boxed)
+  abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(values))
+  quantize = lambda p: quantize_params(p, qcfg, only)
+  quantized = jax.eval_shape(quantize, values) if abstract else quantize(values)
+
+  def rebox(box, value):
+    if not is_box(box):
+      return value
+    if is_quantized(value):
+      return QArray(qvalue=box.replace_boxed(value.qvalue), scale=box.replace_boxed(value.scale), zero_point=None,
+                    qtype=value.qtype)
+    return box.replace_boxed(value)
+
+  return jax.tree.map(rebox, boxed, quantized, is_leaf=is_box)
 
 
 def check(model_cfg, qcfg: QuantConfig) -> None:
@@ -172,6 +219,18 @@ def check(model_cfg, qcfg: QuantConfig) -> None:
   shapes only, nothing is allocated: call it before reading a checkpoint."""
   if qcfg.scheme != "none":
     jax.eval_shape(lambda p: quantize_params(p, qcfg), param_shapes(model_cfg))
+
+
+def stack(pieces: list[QArray]) -> QArray:
+  """`QArray`s of the same shape and grouping stacked along a new leading axis (one weight's layers)."""
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *pieces)
+
+
+def same_layout(a: QArray, b: QArray) -> bool:
+  """Whether two (possibly abstract) `QArray`s quantize the same shape the same way: storage type and scale
+  grouping."""
+  return (jnp.dtype(a.qtype) == jnp.dtype(b.qtype) and tuple(a.shape) == tuple(b.shape)
+          and tuple(a.scale.shape) == tuple(b.scale.shape))
 
 
 def tree_bytes(tree: Any) -> int:

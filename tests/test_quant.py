@@ -58,9 +58,9 @@ def test_roundtrip_matches_numpy_reference(shape, axes, scheme, group):
   w = np.random.default_rng(0).normal(0.0, 0.3, shape).astype(np.float32)
   qa = quant.quantize_array(jnp.asarray(w), axes, scheme, group)
   qmax = {"int8": 127, "int4": 7}[scheme]
-  assert qa.q.dtype == {"int8": jnp.int8, "int4": jnp.int4}[scheme] and qa.q.shape == shape
+  assert qa.qvalue.dtype == {"int8": jnp.int8, "int4": jnp.int4}[scheme] and qa.qvalue.shape == shape
   assert qa.dtype == jnp.float32 and qa.shape == shape
-  q = np.asarray(qa.q.astype(jnp.int32))
+  q = np.asarray(qa.qvalue.astype(jnp.int32))
   assert np.abs(q).max() == qmax  # the largest |w| of every group maps to qmax
   ref = _numpy_reference(w, axes, qmax, group if scheme == "int4" else 0)
   deq = np.asarray(jax.jit(quant.dequantize)(qa))
@@ -68,7 +68,7 @@ def test_roundtrip_matches_numpy_reference(shape, axes, scheme, group):
   # |error| <= |q| ulp(scale) + ulp(w) / 2 ~ 2 eps |w| (measured <= 12% of this); rtol 1e-6 = 8 eps
   np.testing.assert_allclose(deq, ref, rtol=1e-6, atol=1e-7)
   # error bound: half a quantization step of the element's own group
-  step = np.asarray(jax.jit(quant.dequantize)(quant.QArray(jnp.ones(shape, jnp.int8), qa.scale, qa.group_axis)))
+  step = np.asarray(jax.jit(quant.dequantize)(quant.QArray(qvalue=jnp.ones(shape, jnp.int8), scale=qa.scale)))
   assert np.all(np.abs(deq - w) <= step / 2 * (1 + 1e-5))
   # rows taken from the table are the rows of the dequantized table
   if len(shape) == 2:
@@ -100,7 +100,7 @@ def test_what_is_quantized_and_bytes():
   assert "['blocks']['layer_0']['moe']['router']['proj']['kernel']" not in quantized
   assert not any("norm" in k or "scalar" in k or "scale" in k for k in quantized)
   o = flat["['blocks']['layer_0']['attn']['o_proj']['kernel']"]  # [L, N, H, D] groups of 16 along H=16
-  assert o.q.shape == (2, 4, 16, 64) and o.scale.shape == (2, 1, 1, 64)
+  assert o.qvalue.shape == (2, 4, 16, 64) and o.scale.shape == (2, 1, 1, 64)
   e = flat["['blocks']['layer_0']['moe']['experts']['gate_proj']"]  # [L, E, D=64, F]: 4 groups along D
   assert e.scale.shape == (2, 4, 4, 32)
   # int4 bytes: half a byte per quantized weight plus the fp32 scales, everything else unchanged
@@ -167,7 +167,7 @@ def test_logits_on_quantized_weights():
   def perturb(w, qa, u):
     if not quant.is_quantized(qa):
       return w
-    step = quant.dequantize(quant.QArray(jnp.ones(qa.shape, jnp.int8), qa.scale, qa.group_axis))
+    step = quant.dequantize(quant.QArray(qvalue=jnp.ones(qa.shape, jnp.int8), scale=qa.scale))
     return w + step * u
 
   uniform = jax.tree.map(lambda w: jnp.asarray(rng.uniform(-1.0, 1.0, w.shape), w.dtype), params)
@@ -191,7 +191,7 @@ def test_sampler_on_int8_from_bf16_checkpoint(tmp_path):
   cfg, qparams = loaded.model_cfg, loaded.params
   assert cfg.param_dtype == "bfloat16" and cfg.dtype == "float32"
   emb = qparams["embedder"]["embedding"]
-  assert emb.q.dtype == jnp.int8 and emb.scale.dtype == jnp.bfloat16 and emb.scale.shape == (TINY.vocab_size, 1)
+  assert emb.qvalue.dtype == jnp.int8 and emb.scale.dtype == jnp.bfloat16 and emb.scale.shape == (TINY.vocab_size, 1)
   np.testing.assert_allclose(np.asarray(jax.jit(quant.dequantize, static_argnums=1)(emb, jnp.float32)),
                              np.asarray(params["embedder"]["embedding"]), atol=0.01 * 0.15 * 5)
   # (quantization, not round-off: half an int8 step amax / 254 <= 0.003 for |w| <= 5 * 0.15, plus the bf16

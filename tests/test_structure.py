@@ -115,6 +115,18 @@ def test_imports_only_go_down_the_layers():
   assert upward == []
 
 
+def test_the_library_never_imports_configs():
+  """configs/ sits above the settings boundary (docs/architecture.md): what a library module needs of a config
+  arrives as typed settings."""
+  found = []
+  for path in (REPO / "dgemma").rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+               [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+      found += [f"{path.relative_to(REPO)}: {n}" for n in names if n == "configs" or n.startswith("configs.")]
+  assert found == []
+
+
 def test_readme_table_matches_the_tree():
   readme = (REPO / "README.md").read_text()
   table = readme.split("## Where things live", 1)[1].split("\n## ", 1)[0]

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dgemma import mesh as mesh_lib
+from dgemma import finetune as finetune_lib, mesh as mesh_lib, quant
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import adapter, hf, layout, params, workdir
 from dgemma.errors import CheckpointError, ConfigError
@@ -150,10 +150,12 @@ def _put(x: Any, target: jax.ShapeDtypeStruct) -> jax.Array:
 
 
 def _place(tree: Any, model: ModelConfig, mesh, axis_rules) -> Any:
-  """Host (or device) arrays -> device arrays in model.param_dtype on `mesh` (by logical axis names)."""
+  """Host (or device) arrays -> device arrays in model.param_dtype on `mesh` (by logical axis names); `QArray`s
+  (quantized as they were read) stay as they are: `load_as` places them on a quantized layout."""
   abstract = abstract_params(model, mesh, axis_rules)
-  flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(tree)}
-  return jax.tree_util.tree_map_with_path(lambda p, s: _put(flat[jax.tree_util.keystr(p)], s), abstract)
+  flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(tree, is_leaf=quant.is_quantized)}
+  put = lambda v, s: v if quant.is_quantized(v) else _put(v, s)
+  return jax.tree_util.tree_map_with_path(lambda p, s: put(flat[jax.tree_util.keystr(p)], s), abstract)
 
 
 def _default_mesh(mesh, axis_rules):
@@ -180,7 +182,9 @@ def load_workdir(path: str | os.PathLike, *, step: Optional[int] = None, mesh=No
   step = available[-1] if step is None or step < 0 else step
   model = _with_dtype(run.model, dtype)
   try:
-    restored = workdir.restore_params(path, step, abstract_params(model, mesh, axis_rules))
+    # a QLoRA run's checkpoint holds its frozen base quantized (finetune.base_quant): restored as it is
+    quantize = finetune_lib.base_quantizer(run.base_quant, run.finetune)
+    restored = workdir.restore_params(path, step, abstract_params(model, mesh, axis_rules, quantize))
   except Exception as e:  # pylint: disable=broad-except  (Orbax / tensorstore / JSON errors of a damaged step)
     earlier = [s for s in available if s < step]
     hint = (f"sample the previous step with sample.checkpoint_step={earlier[-1]}" if earlier else
@@ -193,9 +197,15 @@ def load_workdir(path: str | os.PathLike, *, step: Optional[int] = None, mesh=No
 
 
 def load_params_dir(path: str | os.PathLike, *, mesh=None, axis_rules=None, dtype: Optional[str] = None,
-                    place: bool = True) -> Checkpoint:
-  """A params checkpoint (or a merged one); place=False keeps the host numpy arrays."""
-  tree, cfg_dict = params.load_params(path)
+                    place: bool = True, base_quant=None, quantize_only=None) -> Checkpoint:
+  """A params checkpoint (or a merged one); place=False keeps the host numpy arrays. With `base_quant` the
+  weights it quantizes (of those `quantize_only` picks) are quantized leaf by leaf as they are read, in `dtype`."""
+  if base_quant is not None and base_quant.scheme != "none":
+    quantize = lambda key, a: quant.quantize_leaf(key, jnp.asarray(a.astype(np.dtype(dtype)) if dtype else a),
+                                                  base_quant, quantize_only)
+    tree, cfg_dict = params.load_params_each(path, quantize)
+  else:
+    tree, cfg_dict = params.load_params(path)
   model = _with_dtype(ModelConfig.from_config_dict(cfg_dict), dtype)
   if place:
     mesh, axis_rules = _default_mesh(mesh, axis_rules)
@@ -206,9 +216,11 @@ def load_params_dir(path: str | os.PathLike, *, mesh=None, axis_rules=None, dtyp
 
 
 def load_hf_dir(path: str | os.PathLike, *, mesh=None, axis_rules=None, dtype: Optional[str] = None,
-                place: bool = True) -> Checkpoint:
-  """A Hugging Face directory, read directly (tensor by tensor, cast to `dtype`, default float32)."""
-  model, tree = hf.load_hf_checkpoint(path, dtype=dtype or "float32")
+                place: bool = True, base_quant=None, quantize_only=None) -> Checkpoint:
+  """A Hugging Face directory, read directly (tensor by tensor, cast to `dtype`, default float32); with
+  `base_quant` the weights it quantizes (of those `quantize_only` picks) are quantized as they are read."""
+  model, tree = hf.load_hf_checkpoint(path, dtype=dtype or "float32", base_quant=base_quant,
+                                      quantize_only=quantize_only)
   model = _with_dtype(model, dtype)
   if place:
     mesh, axis_rules = _default_mesh(mesh, axis_rules)
@@ -224,8 +236,14 @@ def load_adapter_dir(path: str | os.PathLike, *, mesh=None, axis_rules=None, dty
   leaves, _, meta = adapter.load_adapter(path)
   model = _with_dtype(described.model, dtype)
   mesh, axis_rules = _default_mesh(mesh, axis_rules)
+  # a QLoRA adapter (finetune.base_quant) sits on its base quantized as the run held it
+  run_json = adapter.read_run_config(path)
+  run = settings_lib.load_json(run_json, source=Path(path) / adapter.RUN_CONFIG) if run_json is not None else None
+  qlora = run is not None and run.finetune.base_quant != "none"
   base = load_as(adapter.base_path(path, meta), model, mesh=mesh, axis_rules=axis_rules,
-                 field=f"{path}/{adapter.ADAPTER_CONFIG} 'base'", override=leaves)
+                 field=f"{path}/{adapter.ADAPTER_CONFIG} 'base'", override=leaves,
+                 base_quant=run.base_quant if qlora else None,
+                 quantize_only=finetune_lib.frozen_base(run.finetune) if qlora else None)
   return dataclasses.replace(described, model=model, params=base.params)
 
 
@@ -277,7 +295,8 @@ def _merge_adapters(flat: dict, scale: float) -> dict:
 
 
 def load_as(path: str | os.PathLike, model: ModelConfig, *, step: Optional[int] = None, mesh=None,
-            axis_rules=None, field: str = "path", override: Any = None, fresh=None) -> Checkpoint:
+            axis_rules=None, field: str = "path", override: Any = None, fresh=None, base_quant=None,
+            quantize_only=None) -> Checkpoint:
   """The params of any checkpoint kind (a run's `step`, default the latest) as the parameter tree of `model`, on
   `mesh` in model.param_dtype: what `train.init_from`, an adapter's base and dgemma.load read with.
 
@@ -285,19 +304,26 @@ def load_as(path: str | os.PathLike, model: ModelConfig, *, step: Optional[int] 
   layout.py) and the LoRA layout: its adapters are kept or folded in (`adapter_transfer`). `override`: a nested
   dict of leaves that replace or complete the checkpoint's (an adapter's trained leaves). `fresh(keys)`: values
   for the adapters `model` has and the checkpoint lacks ({key tuple: array}; a fine-tuning run's new adapters,
-  B = 0); without it a missing tensor is an error naming it."""
+  B = 0); without it a missing tensor is an error naming it. `base_quant` (a `quant.QuantConfig`): the weights
+  `quantize_only(key path)` picks are quantized one by one as they are placed (a QLoRA run's frozen base)."""
   mesh, axis_rules = _default_mesh(mesh, axis_rules)
-  source = load(path, step=step, mesh=mesh, axis_rules=axis_rules, dtype=model.param_dtype, field=field)
+  source = load(path, step=step, mesh=mesh, axis_rules=axis_rules, dtype=model.param_dtype, field=field,
+                base_quant=base_quant, quantize_only=quantize_only)
   transfer = check_loadable_as(source, model, field)
-  flat = _flat(source.params)
+  # A QLoRA run's quantized base (finetune.base_quant) is kept as stored where it is read into the same layout and
+  # quantization; otherwise it is read as the float model the run trained against (its dequantized weights):
+  # merged into, relaid and re-quantized like any float checkpoint.
+  keep_quantized = transfer != "merge" and source.model.block_period == model.block_period
+  flat = {k: v if keep_quantized else quant.dequantize(v) for k, v in _flat(source.params).items()}
   if transfer == "merge":
     flat = _merge_adapters(flat, source.model.lora.scale)
   if source.model.block_period != model.block_period:
     flat = _flat(layout.relayout(flax.traverse_util.unflatten_dict(flat), source.model, model))
   if override is not None:
     flat.update(_flat(override))
-  expected = abstract_params(model, mesh, axis_rules)
-  wanted = _flat(expected)
+  quantizing = base_quant is not None and base_quant.scheme != "none"
+  quantize = (lambda boxed: quant.quantize_boxed(boxed, base_quant, quantize_only)) if quantizing else None
+  wanted = _flat(abstract_params(model, mesh, axis_rules, quantize))
   missing = [n for n in wanted if n not in flat]
   new_adapters = [k for k in missing if lora_lib.is_adapter(k[-1])]
   if fresh is not None and new_adapters:
@@ -310,23 +336,37 @@ def load_as(path: str | os.PathLike, model: ModelConfig, *, step: Optional[int] 
     if tuple(flat[key].shape) != tuple(target.shape):
       raise CheckpointError(f"{field}: {path}'s {_name(key)} has shape {tuple(flat[key].shape)}, expected "
                             f"{tuple(target.shape)}")
-  placed = {key: _put(flat[key], target) for key, target in wanted.items()}
+  placed = {}
+  for key, target in wanted.items():
+    value = flat.pop(key)  # one weight at a time: a quantized weight's float copy goes before the next is read
+    if not quant.is_quantized(target):
+      placed[key] = _put(quant.dequantize(value), target)
+      continue
+    if not (quant.is_quantized(value) and quant.same_layout(value, target)):
+      dense = _put(quant.dequantize(value), jax.ShapeDtypeStruct(target.shape, target.dtype,
+                                                                  sharding=target.qvalue.sharding))
+      value = quant.quantize_leaf(key, dense, base_quant, quantize_only)
+    placed[key] = jax.tree.map(_put, value, target)
   return dataclasses.replace(source, model=model, params=flax.traverse_util.unflatten_dict(placed))
 
 
 def load(path: str | os.PathLike, *, step: Optional[int] = None, mesh=None, axis_rules=None,
-         dtype: Optional[str] = None, field: str = "path") -> Checkpoint:
-  """Loads the params of any checkpoint kind (module docstring); `step` is for runs only. Errors name `field`."""
+         dtype: Optional[str] = None, field: str = "path", base_quant=None, quantize_only=None) -> Checkpoint:
+  """Loads the params of any checkpoint kind (module docstring); `step` is for runs only. Errors name `field`.
+  `base_quant`: a params checkpoint or HF directory quantizes the weights it picks (of those `quantize_only`
+  picks) as they are read, never holding the float tree (a QLoRA run's base)."""
   k = kind(path, field)
   if step is not None and step >= 0 and k != "workdir":
     raise CheckpointError(f"step: {path} is a {k} checkpoint, which has no training steps")
   if k == "workdir":
     return load_workdir(path, step=step, mesh=mesh, axis_rules=axis_rules, dtype=dtype)
   if k == "params":
-    return load_params_dir(path, mesh=mesh, axis_rules=axis_rules, dtype=dtype)
+    return load_params_dir(path, mesh=mesh, axis_rules=axis_rules, dtype=dtype, base_quant=base_quant,
+                           quantize_only=quantize_only)
   if k == "adapter":
     return load_adapter_dir(path, mesh=mesh, axis_rules=axis_rules, dtype=dtype)
-  return load_hf_dir(path, mesh=mesh, axis_rules=axis_rules, dtype=dtype)
+  return load_hf_dir(path, mesh=mesh, axis_rules=axis_rules, dtype=dtype, base_quant=base_quant,
+                     quantize_only=quantize_only)
 
 
 __all__ = ["KINDS", "Checkpoint", "kind", "header", "load", "load_as", "adapter_transfer", "check_loadable_as",

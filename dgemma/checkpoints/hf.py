@@ -26,12 +26,13 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from dgemma import files
+from dgemma import files, quant
 from dgemma.checkpoints.hf_config import (ARCHITECTURES, CONFIG_FILE, DIFFUSION, GEMMA4, GEMMA4_TEXT,  # noqa: F401
                                           TEXT_ONLY_VISION, HFCheckpointError, detect, is_text_only,
                                           model_config_from_hf, model_config_to_hf)
@@ -311,7 +312,9 @@ def read_config(ckpt_dir: str | os.PathLike) -> dict:
 
 def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
                        model_type: str | None = None,
-                       config_overrides: Mapping[str, Any] | None = None
+                       config_overrides: Mapping[str, Any] | None = None,
+                       base_quant: quant.QuantConfig | None = None,
+                       quantize_only: Callable[[tuple[str, ...]], bool] | None = None
                        ) -> tuple[ModelConfig, dict]:
   """Reads an HF checkpoint directory into (ModelConfig, params).
 
@@ -319,6 +322,12 @@ def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
   Tensors stream one at a time into preallocated stacked arrays. Vision/audio tensors are skipped
   (one notice); Gemma 4 AR checkpoints get a freshly initialised self-conditioning module (notice).
   Tied copies (encoder/decoder layers, lm_head) must be equal when several are stored.
+
+  `base_quant` (a QLoRA run's frozen base): each weight it quantizes (`quant.leaf_plan`, of the leaves
+  `quantize_only` picks) is quantized one layer's tensor at a time as it is read, on the default device, and
+  only its quantized layers are kept (stacked at the end into a `QArray`): host memory peaks near the
+  quantized tree plus one tensor, never the float checkpoint. Each layer quantizes as its slice of the
+  stacked weight would (`quant.quantize_params` of the float tree gives the same bits).
   """
   ckpt_dir = Path(ckpt_dir)
   config_json = read_config(ckpt_dir)
@@ -329,13 +338,32 @@ def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
   target = _np_dtype(dtype)
   entries = _entries(cfg, mt)
 
-  flat: dict[str, np.ndarray] = {}
+  flat: dict[str, Any] = {}
+  layers_of: dict[str, list] = {}  # quantized weights: one QArray per stacked layer, or [the weight]
+  stacked: set[str] = set()
   for e in entries:
     ours = e.to_ours(np.zeros(e.shape, np.int8))
     for path, arr in zip(e.targets, ours):
-      if path not in flat:
+      if path in flat or path in layers_of:
+        continue
+      if base_quant is not None and quant.leaf_plan(tuple(path.split("/")), arr.shape, base_quant,
+                                                    quantize_only) is not None:
+        layers_of[path] = [None] * (cfg.num_blocks if e.index is not None else 1)
+        if e.index is not None:
+          stacked.add(path)
+      else:
         lead = (cfg.num_blocks,) if e.index is not None else ()
         flat[path] = np.empty(lead + tuple(arr.shape), target)
+
+  def put(path: str, index: int | None, val: np.ndarray) -> None:
+    if path in layers_of:
+      one = jnp.asarray(np.asarray(val, target))
+      layers_of[path][0 if index is None else index] = quant.quantize_leaf(tuple(path.split("/")), one, base_quant,
+                                                                         quantize_only)
+    elif index is None:
+      flat[path][...] = val
+    else:
+      flat[path][index] = val
 
   reader = _Reader(ckpt_dir)
   try:
@@ -356,10 +384,7 @@ def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
         if first is None:
           first = (name, raw)
           for path, val in zip(e.targets, e.to_ours(raw)):
-            if e.index is None:
-              flat[path][...] = val
-            else:
-              flat[path][e.index] = val
+            put(path, e.index, val)
         elif not np.array_equal(first[1], raw):
           what = "layer_scalar buffers" if name.endswith("layer_scalar") else "tied tensors"
           raise HFCheckpointError(
@@ -377,6 +402,8 @@ def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
   if skipped and not is_text_only(config_json):
     log.warning("%s: skipped %d vision/audio tensor(s) (dgemma is text-only)", ckpt_dir,
                 len(skipped))
+  for path, pieces in layers_of.items():
+    flat[path] = quant.stack(pieces) if path in stacked else pieces[0]
   flat.update(_synthetic(cfg, mt, target))
   if mt != DIFFUSION:
     log.warning("%s: Gemma 4 autoregressive checkpoint has no self-conditioning module; "

@@ -18,8 +18,9 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+import flax
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -96,6 +97,35 @@ def load_params(path: str | os.PathLike) -> tuple[Any, dict]:
   finally:
     ckptr.close()
   return _to_numpy(params), model_config
+
+
+def load_params_each(path: str | os.PathLike, each: Callable[[tuple[str, ...], np.ndarray], Any]) -> tuple[Any, dict]:
+  """`load_params` one leaf at a time: each leaf is restored alone (Orbax's partial restore) and replaced by
+  `each(key path, numpy array)` before the next is read, so only one float leaf is on the host at once (a QLoRA
+  run's base, quantized as it is read). Returns (the tree of `each`'s values, model config dict)."""
+  path, model_config = read_header(path)
+  quiet_orbax()
+  ckptr = ocp.PyTreeCheckpointer()
+  try:
+    shapes = flax.traverse_util.flatten_dict(_plain(ckptr.metadata(path / PARAMS).item_metadata))
+    out = {}
+    for key, meta in shapes.items():
+      one = lambda leaf: flax.traverse_util.unflatten_dict({key: leaf})
+      got = ckptr.restore(path / PARAMS, args=ocp.args.PyTreeRestore(
+          item=one(np.zeros((), meta.dtype)), restore_args=one(ocp.RestoreArgs(restore_type=np.ndarray)),
+          partial_restore=True))
+      out[key] = each(key, np.asarray(flax.traverse_util.flatten_dict(got)[key]))
+      del got
+  finally:
+    ckptr.close()
+  return flax.traverse_util.unflatten_dict(out), model_config
+
+
+def _plain(tree: Any) -> Any:
+  """Orbax's tree metadata as nested dicts."""
+  if isinstance(tree, Mapping) or (hasattr(tree, "items") and hasattr(tree, "keys")):
+    return {k: _plain(v) for k, v in tree.items()}
+  return tree
 
 
 def read_extra_json(path: str | os.PathLike, name: str) -> Any | None:

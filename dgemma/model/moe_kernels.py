@@ -61,7 +61,7 @@ def pad_axis(w: Any, axis: int, size: int) -> Any:
   widths = lambda n: [(0, 0)] * ax + [(0, n)] + [(0, 0)] * (len(w.shape) - ax - 1)
   if not isinstance(w, qarray.QArray):
     return jnp.pad(w, widths(pad))
-  n, length = w.scale.shape[ax], w.q.shape[ax]
+  n, length = w.scale.shape[ax], w.qvalue.shape[ax]
   if n == length:          # an output channel axis
     scale_pad = pad
   elif n == 1:             # contracted, one scale over the whole axis
@@ -70,8 +70,7 @@ def pad_axis(w: Any, axis: int, size: int) -> Any:
     scale_pad = pad // (length // n)
   else:
     raise ValueError(f"pad_axis: padding {pad} is not whole groups of {length // n} along axis {axis}")
-  return qarray.QArray(q=jnp.pad(w.q, widths(pad)), scale=jnp.pad(w.scale, widths(scale_pad), constant_values=1),
-                       group_axis=w.group_axis)
+  return qarray.make(jnp.pad(w.qvalue, widths(pad)), jnp.pad(w.scale, widths(scale_pad), constant_values=1))
 
 
 def concatenate(ws, axis: int) -> Any:
@@ -79,23 +78,10 @@ def concatenate(ws, axis: int) -> Any:
   (a fused gate+up projection [E, D, 2F])."""
   if not any(isinstance(w, qarray.QArray) for w in ws):
     return jnp.concatenate(ws, axis)
-  if not all(isinstance(w, qarray.QArray) and w.group_axis == ws[0].group_axis
-             and w.scale.shape[axis] == w.q.shape[axis] for w in ws):
+  if not all(isinstance(w, qarray.QArray) and w.scale_tile_shape == ws[0].scale_tile_shape
+             and w.scale.shape[axis] == w.qvalue.shape[axis] for w in ws):
     raise ValueError("concatenate: QArrays must share their grouping and be joined along an output channel axis")
-  return qarray.QArray(q=jnp.concatenate([w.q for w in ws], axis),
-                       scale=jnp.concatenate([w.scale for w in ws], axis), group_axis=ws[0].group_axis)
-
-
-def to_qwix(w: Any, dtype=None) -> Any:
-  """A `QArray` as a `qwix.QArray` (qwix 0.1.8: qvalue, scale of the same rank whose tile along each axis
-  is size // scale size, zero_point None = symmetric, qtype = q's dtype), over the same arrays: our
-  scale [..., groups, ..] already has that layout. `dtype` sets the scale's dtype, which is qwix's
-  dequantized dtype. Plain arrays are only cast. Imports qwix (a tokamax dependency) on first use."""
-  if not isinstance(w, qarray.QArray):
-    return w if dtype is None else w.astype(dtype)
-  import qwix  # pylint: disable=g-import-not-at-top
-  scale = w.scale if dtype is None else w.scale.astype(dtype)
-  return qwix.QArray(qvalue=w.q, scale=scale, zero_point=None, qtype=w.q.dtype)
+  return qarray.make(jnp.concatenate([w.qvalue for w in ws], axis), jnp.concatenate([w.scale for w in ws], axis))
 
 
 def width_multiple(backend: str | None = None) -> int:
@@ -150,8 +136,8 @@ def default_implementation(implementation=None):
 
 
 def ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, implementation=None):
-  """`tokamax.ragged_dot` with the output in lhs's dtype. `rhs` a plain array, or a `qarray.QArray`: passed
-  as a `qwix.QArray` in lhs's dtype (the quantized kernels) through `_frozen_quantized_dot`.
+  """`tokamax.ragged_dot` with the output in lhs's dtype. `rhs` a plain array, or a `qwix.QArray` (`qarray`):
+  passed as it is, its scale in lhs's dtype (the quantized kernels), through `_frozen_quantized_dot`.
   implementation None: 'xla' on CPU, tokamax's own choice elsewhere. Imports tokamax (about 1 s)."""
   import tokamax  # pylint: disable=g-import-not-at-top
   absl_flags_parsed()
@@ -162,7 +148,7 @@ def ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, implementation=None):
   dlhs_impl = implementation
   if implementation is None:
     dlhs_impl = ("triton", "xla") if jax.default_backend() == "gpu" else default_implementation()
-  return _frozen_quantized_dot(lhs_MK, to_qwix(rhs_GKN, lhs_MK.dtype), group_sizes_G, fwd_impl, dlhs_impl)
+  return _frozen_quantized_dot(lhs_MK, rhs_GKN.astype(lhs_MK.dtype), group_sizes_G, fwd_impl, dlhs_impl)
 
 
 def _frozen_quantized_dot(lhs_MK, rhs_q, group_sizes_G, fwd_impl, dlhs_impl):

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import flax
 import flax.linen as nn
@@ -473,10 +473,12 @@ def param_shapes(cfg: ModelConfig) -> Any:
   return unbox(boxed_param_shapes(cfg))
 
 
-def abstract_params(cfg: ModelConfig, mesh, axis_rules) -> Any:
+def abstract_params(cfg: ModelConfig, mesh, axis_rules, quantize: Optional[Callable[[Any], Any]] = None) -> Any:
   """The parameter tree as jax.ShapeDtypeStruct leaves placed on `mesh` by their logical axis names and
-  `axis_rules` (what a checkpoint is restored onto)."""
-  return place(boxed_param_shapes(cfg), mesh, axis_rules)[0]
+  `axis_rules` (what a checkpoint is restored onto). `quantize`: boxed tree -> boxed tree with `QArray`s (a QLoRA
+  run's frozen base, `dgemma.finetune.base_quantizer`)."""
+  boxed = boxed_param_shapes(cfg)
+  return place(boxed if quantize is None else quantize(boxed), mesh, axis_rules)[0]
 
 
 def count_params(cfg: ModelConfig) -> dict[str, int]:

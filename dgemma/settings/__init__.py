@@ -84,6 +84,12 @@ class Settings:
     return self.sample.sampler
 
   @property
+  def base_quant(self) -> quant.QuantConfig:
+    """How a fine-tuning run holds its frozen base (finetune.base_quant, with the sample group's group size and
+    embedding switch: a run samples on the base it trained against)."""
+    return dataclasses.replace(self.sample.quant, scheme=self.finetune.base_quant)
+
+  @property
   def config_json(self) -> str:
     """The run's config.json: every key's value (`from_json` reads it back)."""
     return to_json(self)
@@ -189,6 +195,8 @@ def _cross_checks(st: Settings) -> None:
   for pos, token in st.sample.infill:
     need(token < model.vocab_size, "sample.infill", f"token id {token} at position {pos} is outside the vocabulary "
          f"[0, model.vocab_size={model.vocab_size})")
+  if st.finetune.base_quant != "none":
+    quant.check(model, st.base_quant)  # the group size divides every quantized axis (names sample.quant_group_size)
   if distill_lib.enabled(st.distill):
     need(diff.short_canvas_len == 0, "diffusion.short_canvas_len",
          f"consistency distillation trains the configured canvases only; use 0, got {diff.short_canvas_len}")

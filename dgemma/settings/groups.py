@@ -178,10 +178,16 @@ class FinetuneSettings:
   freeze_router: bool = setting(False, "router weights stay fixed (full: frozen; lora / head_only: no router "
                                 "adapters)")
   save_adapter: bool = setting(True, "lora / head_only: also write WORKDIR/adapter/ at the end of training")
+  base_quant: str = setting("none", "the frozen base held quantized in the train state (QLoRA): a sample.quantize "
+                            "preset ('int8', 'int4', 'int4_experts'), with sample.quant_group_size and "
+                            "sample.quantize_embedding; lora / head_only only", choices=quant.SCHEMES)
 
   def __post_init__(self):
     fields.check(self)
     finetune_lib.lora_config(self)  # the targets, and what is left to train
+    fields.need(self.base_quant == "none" or self.mode != "full", "finetune.base_quant",
+                f"{self.base_quant!r} needs a frozen base: finetune.mode 'lora' or 'head_only' (full trains every "
+                "weight, which cannot be held quantized)")
 
 
 @dataclasses.dataclass(frozen=True)

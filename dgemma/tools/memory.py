@@ -33,11 +33,12 @@ from __future__ import annotations
 import functools
 import math
 
+import flax
 import jax
 import jax.numpy as jnp
 
-
-from dgemma import quant
+from dgemma import finetune, quant
+from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.diffusion import diffusion_loss
 from dgemma.errors import ConfigError
@@ -45,6 +46,7 @@ from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.model.sharding import MESH_AXES
 from dgemma.sampling import SamplerConfig, as_noise, denoise_canvas
 from dgemma.tools import params as params_tool
+from dgemma.train import loop
 from dgemma.train import optimizer as optimizer_lib
 from dgemma.train import state as state_lib
 
@@ -189,6 +191,60 @@ def training_estimate(config, sizes: dict[str, int]) -> dict[str, int]:
           "batch_per_device": batch["tokens"].shape[0]}
 
 
+# ---- the compiled train step ----------------------------------------------------------------------
+
+def compiled_train_memory(settings) -> dict[str, int]:
+  """XLA's buffer assignment for the run's real train step (`dgemma.train.loop.run_programs`: the state, the
+  batch of data.batch_size x data.seq_len rows in micro-batches of opt.grad_accum_steps, the optimizer, the
+  frozen and quantized leaves) on one device of this host's backend, lowered from abstract shapes and compiled:
+  nothing is allocated. Bytes: 'arguments' (of which 'base_quantized', 'frozen_float', 'trainable', 'opt_state',
+  'batch'), 'outputs', 'aliased' (outputs written into the donated state), 'temporaries', 'peak'
+  (arguments + outputs - aliased + temporaries, or XLA's own peak when it reports a larger one)."""
+  mesh = mesh_lib.make_mesh({a: 1 for a in MESH_AXES}, devices=jax.devices()[:1])
+  programs = loop.run_programs(settings, mesh)
+  state = programs.abstract_state
+  sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
+  batch = {k: jax.ShapeDtypeStruct((settings.data.batch_size, settings.data.seq_len), jnp.int32, sharding=sharding)
+           for k in ("tokens", "segment_ids", "positions")}
+  rng = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):
+    stats = programs.train_step.lower(state, batch, rng).compile().memory_analysis()
+  parts = {"base_quantized": 0, "frozen_float": 0, "trainable": 0}
+  for key, leaf in flax.traverse_util.flatten_dict(state.params).items():
+    kind = ("trainable" if finetune.label(key, settings.finetune) == finetune.TRAINABLE else
+            "base_quantized" if quant.is_quantized(leaf) else "frozen_float")
+    parts[kind] += quant.tree_bytes(leaf)
+  out = dict(parts, opt_state=quant.tree_bytes(state.opt_state), batch=quant.tree_bytes(batch),
+             arguments=int(stats.argument_size_in_bytes), outputs=int(stats.output_size_in_bytes),
+             aliased=int(stats.alias_size_in_bytes), temporaries=int(stats.temp_size_in_bytes))
+  summed = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+  out["peak"] = max(summed, int(getattr(stats, "peak_memory_in_bytes", 0) or 0))
+  return out
+
+
+def train_report(settings) -> str:
+  """The compiled train step's memory plan (`compiled_train_memory`), its last line `peak X GiB`."""
+  m = compiled_train_memory(settings)
+  cfg, ft = settings.model, settings.finetune
+  fmt = lambda x: f"{x / GiB:8.3f} GiB"
+  micro = settings.data.batch_size // settings.opt.grad_accum_steps
+  return "\n".join([
+      f"model: {cfg.preset} (d={cfg.d_model}, layers={cfg.num_layers}, vocab={cfg.vocab_size}); param_dtype "
+      f"{cfg.param_dtype}, compute {cfg.dtype}, remat {cfg.remat}, moe_impl {cfg.moe_impl}",
+      f"train step compiled for one {jax.default_backend()} device (XLA's buffer assignment; nothing allocated): "
+      f"finetune.mode {ft.mode}, base_quant {ft.base_quant}, batch {settings.data.batch_size} x "
+      f"{settings.data.seq_len} in micro-batches of {micro} row(s)",
+      f"  arguments        {fmt(m['arguments'])}",
+      f"    frozen base, quantized   {fmt(m['base_quantized'])}",
+      f"    frozen base, float       {fmt(m['frozen_float'])}   (norms, router, scalars and what base_quant keeps)",
+      f"    trained leaves           {fmt(m['trainable'])}",
+      f"    optimizer state          {fmt(m['opt_state'])}",
+      f"    batch                    {fmt(m['batch'])}",
+      f"  outputs          {fmt(m['outputs'])}   (of which {m['aliased'] / GiB:.3f} GiB written into the donated state)",
+      f"  temporaries      {fmt(m['temporaries'])}",
+      f"peak {m['peak'] / GiB:.2f} GiB"])
+
+
 # ---- CLI ------------------------------------------------------------------------------------------
 
 def _experiment_config(config):
@@ -243,6 +299,9 @@ def main(argv):
     config.data.batch_size = _FLAGS["train_batch"].value
   if _FLAGS["seq_len"].value:
     config.data.seq_len = _FLAGS["seq_len"].value
+  if _FLAGS["train"].value:
+    print(train_report(settings_lib.from_config(config)))
+    return
   canvas = _FLAGS["canvas"].value or int(config.diffusion.canvas_len)
   print(report(config, quantize=_FLAGS["quantize"].value, group_size=_FLAGS["group_size"].value,
                context=_FLAGS["context"].value, canvas=canvas, batch=_FLAGS["batch"].value, mesh_shape=mesh_shape,
@@ -268,5 +327,7 @@ if __name__ == "__main__":
       training=flags.DEFINE_bool("training", True, "Also estimate training memory."),
       train_batch=flags.DEFINE_integer("train_batch", 0, "Training global batch (0 = data.batch_size)."),
       seq_len=flags.DEFINE_integer("seq_len", 0, "Training row length (0 = data.seq_len)."),
+      train=flags.DEFINE_bool("train", False, "Compile the config's real train step (abstract shapes, nothing "
+                              "allocated) and print XLA's memory plan for it instead of the estimates."),
   )
   cli.run(main, "dgemma.tools.memory")

@@ -8,6 +8,8 @@ run's train.init_from). The result is a plain dgemma params checkpoint (no adapt
 model_config.json and extra JSON files such as hf_config.json are kept): train from it
 (train.init_from), export it (python -m dgemma.tools.convert --from_ckpt), or compare it with the unmerged run.
 
+A QLoRA adapter (finetune.base_quant) is folded into its base as the run saw it, quantized and dequantized
+(`as_trained_base`): the merged float checkpoint computes what the run trained.
 Only finetune.mode='lora' adapters can be merged. A head_only adapter acts only in decoder mode, while
 the encoder shares the same weights: folding it in would change the encoder (and its KV cache), so the
 tool refuses; sample from the training workdir instead (python sample.py --workdir=...).
@@ -17,8 +19,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 from absl import app, flags, logging
 
+from dgemma import finetune, quant
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import params as params_ckpt
@@ -31,6 +37,22 @@ flags.DEFINE_string("adapter", None, "Adapter checkpoint written by training (WO
 flags.DEFINE_string("out", None, "Merged params checkpoint directory to write.")
 # dgemma.tools.convert defines the same flag (same meaning): both allow the other's definition.
 flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.", allow_override=True)
+
+
+def as_trained_base(base: dict, run_config_json: str | None) -> dict:
+  """The base weights as the adapter's run saw them: a QLoRA run (finetune.base_quant) trained against its base
+  quantized in model.param_dtype, so those weights are quantized the same way and dequantized (float, the run's
+  param dtype) before the adapter is folded in; the merged checkpoint then computes what the run trained, in
+  float. Any other run: `base` unchanged."""
+  if run_config_json is None:
+    return base
+  run = settings_lib.load_json(run_config_json)
+  if run.finetune.base_quant == "none":
+    return base
+  dtype = jnp.dtype(run.model.param_dtype)
+  quantized = quant.quantize_params(jax.tree.map(lambda w: jnp.asarray(w, dtype), base), run.base_quant,
+                                    finetune.frozen_base(run.finetune))
+  return jax.tree.map(lambda w: np.asarray(quant.dequantize(w)), quantized, is_leaf=quant.is_quantized)
 
 
 def merge_checkpoints(adapter_dir: str, out_dir: str, base_dir: str | None = None, *, overwrite: bool = False) -> dict:
@@ -51,6 +73,7 @@ def merge_checkpoints(adapter_dir: str, out_dir: str, base_dir: str | None = Non
   if diffs:
     raise ValueError(f"--base: {base_dir} is not the architecture the adapter was trained on (adapter -> base): "
                      f"{'; '.join(diffs)}")
+  base = as_trained_base(base, adapter_ckpt.read_run_config(adapter_dir))
   scale = float(meta["lora"]["alpha"]) / int(meta["lora"]["rank"])
   merged = lora.merge(base, adapter, scale)
   extra = {p.name: params_ckpt.read_extra_json(base_dir, p.name) for p in Path(base_dir).glob("*.json")

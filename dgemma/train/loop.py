@@ -134,7 +134,7 @@ def run_programs(settings, mesh) -> RunPrograms:
   nothing is traced or compiled twice: jax.jit keys its caches on the function object, which would be new
   on every call. Data, checkpoint and logging settings are not part of the key (they are not in the programs).
   The programs of the last two setups are kept."""
-  key = (settings.model, settings.diffusion, settings.opt, settings.finetune, settings.distill,
+  key = (settings.model, settings.diffusion, settings.opt, settings.finetune, settings.base_quant, settings.distill,
          settings.train.num_steps, settings.train.nonfinite, settings.mesh.axis_rules, mesh)
   if key in _PROGRAMS:
     _PROGRAMS.move_to_end(key)
@@ -264,7 +264,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
     logging.info("Resumed from step %d (%s)", restored_step, workdir_ckpt.checkpoint_dir(workdir_path))
   elif train_cfg.init_from:
     state = state_lib.state_from_checkpoint(train_cfg.init_from, model_cfg, optimizer, state_shardings,
-                                            settings.mesh.axis_rules, init_fn, jax.random.PRNGKey(settings.seed))
+                                            settings.mesh.axis_rules, init_fn, jax.random.PRNGKey(settings.seed),
+                                            settings.base_quant, settings.finetune)
   else:
     state = programs.init_state(jax.random.PRNGKey(settings.seed))
   if distilling and restored_step is None:  # round 0's teacher: the run the student starts from

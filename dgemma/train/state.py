@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import flax
 import flax.linen as nn
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from dgemma import checkpoints
+from dgemma import checkpoints, finetune as finetune_lib, quant
 from dgemma.diffusion import distill as distill_lib
 from dgemma.errors import CheckpointError
 from dgemma.model import ModelConfig, Transformer
@@ -42,20 +42,25 @@ def drop_empty_boxes(boxed_tree):
                       boxed_tree, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
-def abstract_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer) -> tuple[Callable, Any, Any]:
-  """Returns (init_fn(rng) -> boxed TrainState, abstract unboxed state, state shardings), allocating nothing."""
+def abstract_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer,
+                         base_quant: Optional[quant.QuantConfig] = None,
+                         finetune_cfg=None) -> tuple[Callable, Any, Any]:
+  """Returns (init_fn(rng) -> boxed TrainState, abstract unboxed state, state shardings), allocating nothing.
+  With `base_quant` (a QLoRA run) the frozen leaves `finetune_cfg` names are `QArray`s in the state: a fresh
+  state quantizes its random base inside the jitted init, so no float copy of it is an output."""
   model = Transformer(model_cfg)
   tok = jnp.zeros((1, 1), jnp.int32)  # parameter shapes do not depend on the sequence length
+  quantize = finetune_lib.base_quantizer(base_quant, finetune_cfg)
 
   def init_fn(rng):
     with nn.logical_axis_rules(()):  # no activation constraints while initialising (out_shardings place params)
-      params = model.init(rng, tok, tok, tok, tok, tok, tok)["params"]
+      params = quantize(model.init(rng, tok, tok, tok, tok, tok, tok)["params"])
     opt_state = optimizer.init(params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
   # The shapes init_fn makes, without tracing the model again (boxed_param_shapes keeps each architecture's):
   # only the optimizer's init is traced here. tests/train/test_state.py checks it against eval_shape(init_fn).
-  params = boxed_param_shapes(model_cfg)
+  params = quantize(boxed_param_shapes(model_cfg))
   boxed = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
                      opt_state=jax.eval_shape(optimizer.init, params))
   boxed = drop_empty_boxes(boxed)
@@ -68,7 +73,8 @@ def run_abstract_state(settings, mesh: Mesh) -> tuple[Any, Callable, Any, Any]:
   train.num_steps and the state it checkpoints (a distillation run's holds the round's teacher,
   dgemma/diffusion/distill.py)."""
   optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, settings.finetune, settings.model)
-  init_fn, abstract, shardings = abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer)
+  init_fn, abstract, shardings = abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer,
+                                                      settings.base_quant, settings.finetune)
   if distill_lib.enabled(settings.distill):
     abstract, shardings = with_teacher(abstract), with_teacher(shardings)
   return optimizer, init_fn, abstract, shardings
@@ -108,14 +114,16 @@ def check_init_from(path: str, model_cfg: ModelConfig) -> None:
 
 
 def state_from_checkpoint(path: str, model_cfg: ModelConfig, optimizer, shardings, axis_rules, init_fn=None,
-                          rng=None) -> TrainState:
+                          rng=None, base_quant: Optional[quant.QuantConfig] = None, finetune_cfg=None) -> TrainState:
   """Step-0 state from any checkpoint kind (`check_init_from`; e.g. an imported Gemma 4 AR model for AR ->
   diffusion adaptation, or another run's latest params) and a fresh optimizer state; params in
   model.param_dtype on the run's shardings (checkpoints.load_as).
 
   LoRA adapters (finetune.mode lora / head_only) that the checkpoint lacks start from `init_fn(rng)` (B = 0:
   the run starts exactly at the checkpoint's model); a LoRA run's own adapters are kept when this run has the
-  same layout, else folded into their weights first; every other tensor must be there."""
+  same layout, else folded into their weights first; every other tensor must be there. With `base_quant` (QLoRA)
+  each frozen weight is quantized as it is placed (checkpoints.load_as), so no float copy of the base is ever
+  on the device whole."""
   mesh = jax.tree.leaves(shardings.params)[0].mesh
 
   def fresh(keys):
@@ -124,7 +132,8 @@ def state_from_checkpoint(path: str, model_cfg: ModelConfig, optimizer, sharding
     return jax.device_get(jax.jit(lambda r: pick(nn.unbox(init_fn(r)).params))(rng))
 
   loaded = checkpoints.load_as(path, model_cfg, mesh=mesh, axis_rules=axis_rules, field=INIT_FROM,
-                               fresh=fresh if init_fn is not None else None)
+                               fresh=fresh if init_fn is not None else None, base_quant=base_quant,
+                               quantize_only=finetune_lib.frozen_base(finetune_cfg) if finetune_cfg else None)
   params = jax.device_put(loaded.params, shardings.params)
   opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)

@@ -98,12 +98,17 @@ def make_train_step(model_cfg: ModelConfig, loss_cfg, optimizer, schedule: optax
                                                 is_leaf=lambda x: x is None))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    if has_frozen:
+    if has_frozen:  # frozen leaves (a QLoRA run's quantized base among them) are the input buffers, untouched
       params = jax.tree.map(lambda m, new, old: new if m else old, mask, params, state.params)
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & all_finite((params, opt_state))
+      changed = finetune.split(params, mask)[0]
+    else:
+      changed = params
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & all_finite((changed, opt_state))
     if skip_nonfinite:
-      params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (params, opt_state),
-                                       (state.params, state.opt_state))
+      keep = lambda new, old: jnp.where(finite, new, old)
+      opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+      params = (jax.tree.map(lambda m, new, old: keep(new, old) if m else old, mask, params, state.params)
+                if has_frozen else jax.tree.map(keep, params, state.params))
     metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step),
                    nonfinite=1.0 - finite.astype(jnp.float32))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

@@ -329,8 +329,8 @@ def test_expert_width_padding():
   """moe_kernels.pad_experts / pad_axis on their own: the widths the Mosaic kernels need for the released
   model (F = 704 -> 768), zeros in the padding and the original weights untouched, for plain arrays
   and for int8 (per channel) / int4 (groups of 4) QArrays, whose dequantized padded weight is the
-  padded dequantized weight; LoRA factors along F are padded alike; to_qwix keeps the values."""
-  import qwix
+  padded dequantized weight (also by hand: stored values times their tile's scale); LoRA factors along F are
+  padded alike."""
   from dgemma import quant
   from dgemma.model import moe_kernels, qarray
   from dgemma.model.lora import LowRank
@@ -359,7 +359,10 @@ def test_expert_width_padding():
     for q, pq, ax in ((qg, pqg, -1), (qd, pqd, -2)):
       want = np.asarray(moe_kernels.pad_axis(qarray.dequantize(q), ax, 16))
       np.testing.assert_array_equal(qarray.dequantize(pq), want)
-      np.testing.assert_array_equal(qwix.dequantize(moe_kernels.to_qwix(pq)), want)
+      by_hand = np.asarray(pq.scale, np.float32)  # each scale repeated over its tile, times the stored values
+      for axis, tile in enumerate(pq.scale_tile_shape):
+        by_hand = np.repeat(by_hand, tile, axis)
+      np.testing.assert_array_equal(np.asarray(pq.qvalue, np.float32) * by_hand, want)
   with pytest.raises(ValueError, match="whole groups"):  # int4 groups of 4 along F = 12 -> 14
     moe_kernels.pad_axis(quant.quantize_array(down, (-2,), "int4", 4), -2, 14)
 
@@ -397,7 +400,7 @@ def _dequantize(w):
 def _half_step(w):
   """Half the quantization step of every element of a QArray (its scale, broadcast over its group, / 2)."""
   from dgemma.model import qarray
-  return qarray.dequantize(qarray.QArray(jnp.ones(w.q.shape, jnp.int8), w.scale, w.group_axis)) / 2
+  return qarray.dequantize(qarray.QArray(qvalue=jnp.ones(w.shape, jnp.int8), scale=w.scale)) / 2
 
 
 @pytest.mark.parametrize("scheme, group", [("int8", 0), ("int4", 4)])
@@ -440,9 +443,9 @@ def test_int4_experts_preset():
   p = _params(cfg)
   qcfg = quant.QuantConfig(scheme="int4_experts", group_size=4)
   qp = quant.quantize_params({"moe": p, "dense": {"up_proj": {"kernel": p["experts"]["up_proj"][0]}}}, qcfg)
-  assert all(qp["moe"]["experts"][n].q.dtype == jnp.int4 and qp["moe"]["experts"][n].scale.shape[-2] > 1
+  assert all(qp["moe"]["experts"][n].qvalue.dtype == jnp.int4 and qp["moe"]["experts"][n].scale.shape[-2] > 1
              for n in ("gate_proj", "up_proj", "down_proj"))
-  assert qp["dense"]["up_proj"]["kernel"].q.dtype == jnp.int8
+  assert qp["dense"]["up_proj"]["kernel"].qvalue.dtype == jnp.int8
   assert not quant.is_quantized(qp["moe"]["router"]["proj"]["kernel"])
   x, xn = _inputs(cfg)
   valid = jnp.ones((B, T), bool)

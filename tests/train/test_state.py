@@ -12,16 +12,18 @@ from dgemma.train import optimizer as optimizer_lib
 from dgemma.train import state as state_lib
 
 
-@pytest.mark.parametrize("optimizer_name, finetune_mode, state_dtype", [
-    ("adamw", "full", "float32"),
-    ("adamw", "full", "bfloat16"),   # Adam moments stored in bf16: the state's dtypes differ from the params'
-    ("muon", "full", "float32"),
-    ("adamw", "lora", "float32"),    # frozen leaves: optax.masked leaves empty boxes, dropped by the function
+@pytest.mark.parametrize("optimizer_name, finetune_mode, state_dtype, base_quant", [
+    ("adamw", "full", "float32", "none"),
+    ("adamw", "full", "bfloat16", "none"),   # Adam moments stored in bf16: the state's dtypes differ from the params'
+    ("muon", "full", "float32", "none"),
+    ("adamw", "lora", "float32", "none"),    # frozen leaves: optax.masked leaves empty boxes, dropped by the function
+    ("adamw", "head_only", "float32", "int4_experts"),  # QLoRA: QArray leaves whose qvalue and scale are boxed
 ])
-def test_abstract_state_equals_the_shapes_init_fn_makes(optimizer_name, finetune_mode, state_dtype):
+def test_abstract_state_equals_the_shapes_init_fn_makes(optimizer_name, finetune_mode, state_dtype, base_quant):
   config = tiny_test.get_config()
   config.opt.optimizer, config.finetune.mode, config.opt.state_dtype = optimizer_name, finetune_mode, state_dtype
-  if finetune_mode == "lora":
+  config.finetune.base_quant, config.sample.quant_group_size = base_quant, 16
+  if finetune_mode != "full":
     config.finetune.lora_rank = 2
   settings = settings_lib.from_config(config)
   # An abstract mesh with every axis of size 2 (nothing runs on it): on the 1-device mesh of a test process every
@@ -30,7 +32,7 @@ def test_abstract_state_equals_the_shapes_init_fn_makes(optimizer_name, finetune
   mesh = jax.sharding.AbstractMesh((2,) * len(names), names)
   optimizer = optimizer_lib.make_optimizer(settings.opt, 10, settings.finetune, settings.model)
   init_fn, abstract, shardings = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules,
-                                                                optimizer)
+                                                                optimizer, settings.base_quant, settings.finetune)
   # The reference: trace init_fn itself (the model's init and the optimizer's), drop the boxes optax.masked leaves
   # around nothing, and place the logical axis names on the mesh, as the function did before it read the cached
   # parameter shapes (so the shardings below come from init_fn's own boxes, not from `abstract`).
