@@ -99,13 +99,14 @@ def variant_spec(name: str) -> tuple[str, str]:
   return impl, scheme
 
 
-def quantized_shapes(cfg: ModelConfig, scheme: str, group_size: int):
-  """The parameter tree's shapes in a quant scheme (QArray leaves where the preset quantizes)."""
+def quantized_shapes(cfg: ModelConfig, scheme: str, group_size: int, only=None):
+  """The parameter tree's shapes in a quant scheme (QArray leaves where the preset quantizes, among the leaves
+  `only(key path)` picks: a QLoRA run's frozen base)."""
   shapes = param_shapes(cfg)
   if scheme == "none":
     return shapes
   qcfg = quant.QuantConfig(scheme=scheme, group_size=group_size)
-  return jax.eval_shape(lambda p: quant.quantize_params(p, qcfg), shapes)
+  return jax.eval_shape(lambda p: quant.quantize_params(p, qcfg, only), shapes)
 
 
 def _random_tree(shapes, key):
@@ -127,9 +128,11 @@ def _random_tree(shapes, key):
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def random_params_on_device(cfg: ModelConfig, device, seed: int = 0, scheme: str = "none", group_size: int = 64):
-  """Random weights in `scheme`'s format, made by one jitted program whose outputs live on `device`."""
-  shapes = quantized_shapes(cfg, scheme, group_size)
+def random_params_on_device(cfg: ModelConfig, device, seed: int = 0, scheme: str = "none", group_size: int = 64,
+                            only=None):
+  """Random weights in `scheme`'s format (of the leaves `only` picks), made by one jitted program whose outputs
+  live on `device`."""
+  shapes = quantized_shapes(cfg, scheme, group_size, only)
   sharding = jax.sharding.SingleDeviceSharding(device)
   return jax.jit(lambda key: _random_tree(shapes, key), out_shardings=sharding)(jax.random.key(seed))
 

@@ -12,6 +12,10 @@ the optimizer in `optax.multi_transform` with `optax.set_to_zero()` on FROZEN le
 only for trainable leaves), and the train step differentiates only the trainable leaves and returns the
 frozen ones unchanged.
 
+QLoRA (finetune.base_quant, a sample.quantize preset): in lora / head_only the frozen matrices are held quantized in
+the train state (`base_quantizer`, `frozen_base`: dgemma/quant.py's QArrays, never trained leaves), so the base
+costs its quantized size and has no optimizer state; docs/finetuning.md.
+
 Adapter checkpoints (the trained leaves only, written at the end of a lora / head_only run) are one of
 the formats of dgemma/checkpoints/ (adapter.py); `python -m dgemma.tools.merge_lora` folds a 'lora' adapter
 into its base weights.

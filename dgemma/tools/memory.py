@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dgemma import finetune, quant
 from dgemma import mesh as mesh_lib
@@ -193,20 +195,68 @@ def training_estimate(config, sizes: dict[str, int]) -> dict[str, int]:
 
 # ---- the compiled train step ----------------------------------------------------------------------
 
-def compiled_train_memory(settings) -> dict[str, int]:
+# GPUs the train step can be compiled for without one (`--target`): XLA's device description of each (its
+# `GpuTargetConfig` text; the figures of the card's data sheet).
+GPU_TARGETS = {
+    "h100": dict(name="NVIDIA H100 80GB HBM3", memory=85_520_809_984, bandwidth=3_352_320_000_000, clock=1.98),
+    "h200": dict(name="NVIDIA H200", memory=150_754_820_096, bandwidth=4_800_000_000_000, clock=1.98),
+}
+
+
+def gpu_target_config(name: str) -> str:
+  """XLA's GpuTargetConfig (text proto) of a GPU_TARGETS card: a Hopper (sm_90) with 132 SMs."""
+  t = GPU_TARGETS[name]
+  return f"""gpu_device_info {{
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
+  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
+  memory_bandwidth: {t["bandwidth"]} l2_cache_size: 52428800 clock_rate_ghz: {t["clock"]}
+  device_memory_size: {t["memory"]} shared_memory_per_block_optin: 232448
+  cuda_compute_capability {{ major: 9 }} registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 8 }}
+runtime_version {{ major: 13 minor: 0 }}
+device_description_str: "{t["name"]}"
+"""
+
+
+def target_device(target: str = "host"):
+  """The device a plan compiles for: 'host' (this process's first device) or a GPU_TARGETS card, compiled for
+  without one through jax's CUDA plugin (its deviceless compilation; no GPU or CUDA libraries needed, the
+  plugin's version checks skipped). Call before anything has initialised jax's backends."""
+  if target == "host":
+    return jax.devices()[0]
+  if target not in GPU_TARGETS:
+    raise ConfigError(f"--target: {target!r}; use 'host' or one of {sorted(GPU_TARGETS)}")
+  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    topology = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(target),
+                                            topology="1x1x1")
+  except (NotImplementedError, RuntimeError) as e:
+    raise ConfigError(f"--target={target}: compiling for a GPU without one needs jax's CUDA plugin: pip install "
+                      f"jax-cuda13-plugin=={jax.__version__} jax-cuda13-pjrt=={jax.__version__} (no GPU needed); "
+                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+  return topology.devices[0]
+
+
+def compiled_train_memory(settings, device=None) -> dict[str, int]:
   """XLA's buffer assignment for the run's real train step (`dgemma.train.loop.run_programs`: the state, the
   batch of data.batch_size x data.seq_len rows in micro-batches of opt.grad_accum_steps, the optimizer, the
-  frozen and quantized leaves) on one device of this host's backend, lowered from abstract shapes and compiled:
-  nothing is allocated. Bytes: 'arguments' (of which 'base_quantized', 'frozen_float', 'trainable', 'opt_state',
-  'batch'), 'outputs', 'aliased' (outputs written into the donated state), 'temporaries', 'peak'
-  (arguments + outputs - aliased + temporaries, or XLA's own peak when it reports a larger one)."""
-  mesh = mesh_lib.make_mesh({a: 1 for a in MESH_AXES}, devices=jax.devices()[:1])
+  frozen and quantized leaves) on one `device` (default: this host's first; `target_device`), lowered from
+  abstract shapes and compiled: nothing is allocated. Bytes: 'arguments' (of which 'base_quantized',
+  'frozen_float', 'trainable', 'opt_state', 'batch'), 'outputs', 'aliased' (outputs written into the donated
+  state), 'temporaries', 'peak' (arguments + outputs - aliased + temporaries, or XLA's own peak when it reports a
+  larger one)."""
+  device = device if device is not None else jax.devices()[0]
+  mesh = jax.sharding.Mesh(np.array([device]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
   programs = loop.run_programs(settings, mesh)
   state = programs.abstract_state
   sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
   batch = {k: jax.ShapeDtypeStruct((settings.data.batch_size, settings.data.seq_len), jnp.int32, sharding=sharding)
            for k in ("tokens", "segment_ids", "positions")}
-  rng = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):
     stats = programs.train_step.lower(state, batch, rng).compile().memory_analysis()
   parts = {"base_quantized": 0, "frozen_float": 0, "trainable": 0}
@@ -222,16 +272,19 @@ def compiled_train_memory(settings) -> dict[str, int]:
   return out
 
 
-def train_report(settings) -> str:
-  """The compiled train step's memory plan (`compiled_train_memory`), its last line `peak X GiB`."""
-  m = compiled_train_memory(settings)
+def train_report(settings, target: str = "host") -> str:
+  """The compiled train step's memory plan (`compiled_train_memory` on `target_device(target)`), its last line
+  `peak X GiB`."""
+  device = target_device(target)
+  m = compiled_train_memory(settings, device)
   cfg, ft = settings.model, settings.finetune
   fmt = lambda x: f"{x / GiB:8.3f} GiB"
   micro = settings.data.batch_size // settings.opt.grad_accum_steps
   return "\n".join([
       f"model: {cfg.preset} (d={cfg.d_model}, layers={cfg.num_layers}, vocab={cfg.vocab_size}); param_dtype "
       f"{cfg.param_dtype}, compute {cfg.dtype}, remat {cfg.remat}, moe_impl {cfg.moe_impl}",
-      f"train step compiled for one {jax.default_backend()} device (XLA's buffer assignment; nothing allocated): "
+      f"train step compiled for one {device.device_kind} ({device.platform}; XLA's buffer assignment, nothing "
+      f"allocated): "
       f"finetune.mode {ft.mode}, base_quant {ft.base_quant}, batch {settings.data.batch_size} x "
       f"{settings.data.seq_len} in micro-batches of {micro} row(s)",
       f"  arguments        {fmt(m['arguments'])}",
@@ -300,7 +353,10 @@ def main(argv):
   if _FLAGS["seq_len"].value:
     config.data.seq_len = _FLAGS["seq_len"].value
   if _FLAGS["train"].value:
-    print(train_report(settings_lib.from_config(config)))
+    target = _FLAGS["target"].value
+    if target != "host":  # before jax's backends start: the CUDA plugin is loaded then (target_device)
+      os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    print(train_report(settings_lib.from_config(config), target))
     return
   canvas = _FLAGS["canvas"].value or int(config.diffusion.canvas_len)
   print(report(config, quantize=_FLAGS["quantize"].value, group_size=_FLAGS["group_size"].value,
@@ -329,5 +385,7 @@ if __name__ == "__main__":
       seq_len=flags.DEFINE_integer("seq_len", 0, "Training row length (0 = data.seq_len)."),
       train=flags.DEFINE_bool("train", False, "Compile the config's real train step (abstract shapes, nothing "
                               "allocated) and print XLA's memory plan for it instead of the estimates."),
+      target=flags.DEFINE_string("target", "host", f"--train compiles for: 'host' (this machine's device) or a GPU "
+                                 f"without one, {sorted(GPU_TARGETS)} (needs jax's CUDA plugin)."),
   )
   cli.run(main, "dgemma.tools.memory")

@@ -82,3 +82,59 @@ def test_training_estimate_tiny():
               if "scale" in jax.tree_util.keystr(p) or "scalar" in jax.tree_util.keystr(p))
   assert fsdp["params"] == (full_bytes - norms) // 2 + norms, (fsdp["params"], full_bytes, norms)
   assert fsdp["batch_per_device"] == 2 and fsdp["activations"] < one["activations"]
+
+
+QLORA_TINY = ("--config.finetune.mode=head_only", "--config.finetune.base_quant=int4_experts",
+              "--config.sample.quant_group_size=16", "--config.model.num_layers=2",
+              "--config.model.layer_types=('global','global')")  # one scanned block: half the compile
+
+
+def _qlora_tiny():
+  from configs import tiny_test
+  from dgemma import settings as settings_lib
+  config = tiny_test.get_config()
+  config.finetune.mode, config.finetune.base_quant, config.sample.quant_group_size = "head_only", "int4_experts", 16
+  config.model.num_layers, config.model.layer_types = 2, ("global", "global")
+  return settings_lib.from_config(config)
+
+
+@pytest.mark.slow  # compiles a train step (about 8 s on 2 cores)
+def test_compiled_train_memory_counts_the_quantized_state_it_is_given():
+  """The compiled plan's arguments are exactly the train state (its int4 experts at half a byte), the batch and
+  the step's key; the state's parts are split as the report prints them; outputs alias the donated state; the
+  report ends with `peak X GiB`."""
+  settings = _qlora_tiny()
+  plan = memory.compiled_train_memory(settings)
+  state = memory.loop.run_programs(settings, memory.jax.sharding.Mesh(
+      np.array(jax.devices()[:1]).reshape(1, 1, 1, 1), ("data", "fsdp", "expert", "tensor"))).abstract_state
+  rows = settings.data.batch_size * settings.data.seq_len * 4  # tokens, segment_ids, positions: int32
+  assert plan["batch"] == 3 * rows
+  assert plan["arguments"] == quant.tree_bytes(state) + 3 * rows + 8  # + the uint32[2] key
+  parts = plan["base_quantized"] + plan["frozen_float"] + plan["trainable"]
+  assert parts == quant.tree_bytes(state.params) and plan["opt_state"] == quant.tree_bytes(state.opt_state)
+  experts = [x for path, x in jax.tree_util.tree_leaves_with_path(state.params)
+             if "experts" in jax.tree_util.keystr(path) and x.dtype == jnp.int4]
+  assert experts and plan["base_quantized"] > 0
+  assert plan["aliased"] > 0 and plan["peak"] >= plan["arguments"] + plan["temporaries"]
+  last = memory.train_report(settings).splitlines()[-1]  # the programs are cached: no second compile
+  assert last == f"peak {plan['peak'] / 2**30:.2f} GiB"
+
+
+@pytest.mark.slow  # a subprocess that compiles a train step for a GPU
+def test_train_plan_for_a_gpu_without_one():
+  """`python -m dgemma.tools.memory --train --target=h100` compiles for an H100 without one (jax's CUDA plugin,
+  which `make venv` installs in .venv/cuda-plugin) and ends with `peak X GiB`."""
+  import os
+  import subprocess
+  import sys
+  from pathlib import Path
+  repo = Path(__file__).resolve().parents[2]
+  plugin = Path(sys.prefix) / "cuda-plugin"
+  assert (plugin / "jax_plugins").is_dir(), f"{plugin}: jax's CUDA plugin is missing (make venv installs it)"
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(plugin), str(repo))))
+  out = subprocess.run([sys.executable, "-m", "dgemma.tools.memory", "--config=configs/tiny_test.py", "--train",
+                        "--target=h100", *QLORA_TINY], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  lines = out.stdout.strip().splitlines()
+  assert "NVIDIA H100" in lines[1] and "(gpu;" in lines[1], out.stdout
+  assert lines[-1].startswith("peak ") and lines[-1].endswith(" GiB") and float(lines[-1].split()[1]) > 0
