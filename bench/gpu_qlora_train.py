@@ -1,7 +1,7 @@
 """QLoRA of the released model's head on one GPU: configs/finetune_head_qlora.py's step on the 26B-A4B with random
 int4_experts weights made on the device, its peak device memory and seconds per step (issue #55 item 7).
 
-  python bench/gpu_qlora_train.py --out=docs/results/gpu/qlora_train.json      # one GPU, about 5 minutes
+  python bench/gpu_qlora_train.py --out=docs/experiments/gpu/qlora_train.json  # one GPU, about 5 minutes
   python bench/gpu_qlora_train.py --preset=tiny --out=/tmp/qlora_tiny.json     # CPU smoke run of the same path
 
 The step is the library's (`dgemma.train.step.make_train_step` with finetune.mode='head_only': gradients of the
