@@ -29,7 +29,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/models/medium.py", 
 _SCHEME = flags.DEFINE_string("scheme", "int4_experts", "finetune.base_quant.")
 _ROW = flags.DEFINE_string("row", "", "Internal: run one way ('streamed' | 'float_first') on --path.")
 _PATH = flags.DEFINE_string("path", "", "Internal: the checkpoint directory.")
-_GROUP = flags.DEFINE_integer("group_size", 64, "sample.quant_group_size.")
+_GROUP = flags.DEFINE_integer("group_size", 64, "finetune.base_quant_group_size.")
 
 
 def _status_kib(field: str) -> int:
@@ -47,7 +47,7 @@ def _settings():
   config.model.param_dtype = "float32"
   config.data.tokenizer.kind = "byte"
   config.finetune.mode, config.finetune.base_quant = "head_only", _SCHEME.value
-  config.sample.quant_group_size = _GROUP.value
+  config.finetune.base_quant_group_size = _GROUP.value
   return settings_lib.from_config(config)
 
 

@@ -25,7 +25,7 @@ def get_config(checkpoint: str = ""):
   if not checkpoint:
     config.model = diffusiongemma_26b_a4b.get_config()
   config.finetune.base_quant = "int4_experts"
-  config.sample.quant_group_size = 64
+  config.finetune.base_quant_group_size = 64
   config.model.dtype = "bfloat16"
   config.model.param_dtype = "float32"   # the adapters and the self-conditioning module; the base is quantized
   config.model.remat = "full"

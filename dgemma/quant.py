@@ -109,11 +109,14 @@ def leaf_scheme(scheme: str, path: tuple[str, ...]) -> str:
   return scheme
 
 
-def _num_groups(size: int, group_size: int, scheme: str, name: str) -> int:
+GROUP_FIELD = "sample.quant_group_size"
+
+
+def _num_groups(size: int, group_size: int, scheme: str, name: str, field: str = GROUP_FIELD) -> int:
   if scheme == "int8" or group_size == 0 or group_size >= size:
     return 1
   if size % group_size:
-    raise ConfigError(f"sample.quant_group_size: {group_size} does not divide the input size {size} of {name}; "
+    raise ConfigError(f"{field}: {group_size} does not divide the input size {size} of {name}; "
                       f"pick a divisor (or 0 = per output channel)")
   return size // group_size
 
@@ -143,17 +146,19 @@ def _path_names(path) -> tuple[str, ...]:
 
 
 def leaf_plan(names: tuple[str, ...], shape: tuple[int, ...], qcfg: QuantConfig,
-              only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Optional[tuple[tuple[int, ...], str]]:
+              only: Optional[Callable[[tuple[str, ...]], bool]] = None,
+              field: str = GROUP_FIELD) -> Optional[tuple[tuple[int, ...], str]]:
   """(contracted axes, 'int8' | 'int4') of the weight at key path `names` under `qcfg`, or None when it stays
   unquantized. `shape` may lack a stacked leading 'layers' axis (one layer's slice quantizes as its slice of the
-  stacked weight would). Raises ConfigError naming sample.quant_group_size for a group that does not divide."""
+  stacked weight would). Raises ConfigError naming `field` (the group size's key) for a group that does not
+  divide."""
   if qcfg.scheme == "none" or (only is not None and not only(tuple(names))):
     return None
   axes = contracted_axes(tuple(names), len(shape), qcfg.embedding)
   if axes is None:
     return None
   scheme = leaf_scheme(qcfg.scheme, tuple(names))
-  _num_groups(shape[axes[-1]], qcfg.group_size, scheme, "/".join(names))
+  _num_groups(shape[axes[-1]], qcfg.group_size, scheme, "/".join(names), field)
   return axes, scheme
 
 
@@ -165,7 +170,8 @@ def quantize_leaf(names: tuple[str, ...], w: Any, qcfg: QuantConfig,
   return w if plan is None else quantize_array(w, plan[0], plan[1], int(qcfg.group_size), "/".join(names))
 
 
-def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Any:
+def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple[str, ...]], bool]] = None,
+                    field: str = GROUP_FIELD) -> Any:
   """The params tree with every quantizable weight replaced by a `QArray` (others unchanged). `only(key path)`
   picks the weights that may be quantized (a fine-tuning run's frozen base: `dgemma.finetune.frozen_base`);
   leaves that are already `QArray`s stay as they are.
@@ -173,14 +179,14 @@ def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tup
   Leaves may be numpy (e.g. `dgemma.checkpoints.params.load_params`) or jax arrays; each weight is quantized by
   its own jitted call, so peak memory is the input tree plus one weight's temporaries. Under
   `jax.eval_shape` it gives the quantized tree's shapes without allocating (dgemma.tools.memory).
-  Bad group sizes raise ConfigError naming sample.quant_group_size before any weight is touched.
+  Bad group sizes raise ConfigError naming `field` (sample.quant_group_size) before any weight is touched.
   """
   if qcfg.scheme == "none":
     return params
   plan = {}  # validated for every weight before any work
   for path, leaf in jax.tree_util.tree_leaves_with_path(params, is_leaf=is_quantized):
     names = _path_names(path)
-    if not is_quantized(leaf) and leaf_plan(names, np.shape(leaf), qcfg, only) is not None:
+    if not is_quantized(leaf) and leaf_plan(names, np.shape(leaf), qcfg, only, field) is not None:
       plan[names] = True
 
   def convert(path, leaf):
@@ -214,11 +220,11 @@ def quantize_boxed(boxed: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple
   return jax.tree.map(rebox, boxed, quantized, is_leaf=is_box)
 
 
-def check(model_cfg, qcfg: QuantConfig) -> None:
-  """Raises ConfigError (naming sample.quant_group_size) if `qcfg` cannot quantize this architecture;
+def check(model_cfg, qcfg: QuantConfig, field: str = GROUP_FIELD) -> None:
+  """Raises ConfigError (naming `field`, the group size's key) if `qcfg` cannot quantize this architecture;
   shapes only, nothing is allocated: call it before reading a checkpoint."""
   if qcfg.scheme != "none":
-    jax.eval_shape(lambda p: quantize_params(p, qcfg), param_shapes(model_cfg))
+    jax.eval_shape(lambda p: quantize_params(p, qcfg, field=field), param_shapes(model_cfg))
 
 
 def stack(pieces: list[QArray]) -> QArray:

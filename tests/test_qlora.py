@@ -40,7 +40,7 @@ def _config(mode="lora", base_quant="int4_experts", moe_impl="ragged", config=No
   config.model.num_layers, config.model.layer_types = 2, ("global", "global")
   config.model.moe_impl, config.model.remat = moe_impl, "none"
   config.finetune.mode, config.finetune.base_quant, config.finetune.lora_rank = mode, base_quant, 4
-  config.sample.quant_group_size = GROUP
+  config.finetune.base_quant_group_size = GROUP
   return config
 
 
@@ -60,10 +60,10 @@ def _trained_grads(settings, params, batch):
 
 # The MoE implementations read a quantized expert weight in one of two ways: 'ragged', 'dense', 'capacity' and
 # 'expert_parallel' dequantize it in `Experts` (one line, before the implementation is picked), 'tokamax' hands the
-# QArray to its kernels (and its own VJP). One of each kind is checked.
+# QArray to its kernels (and its own VJP). One of each kind is checked, with an int4 base (every matrix int4 in
+# groups) and an int4_experts one (the experts int4, every other matrix int8 per channel), in both modes.
 @pytest.mark.parametrize("scheme, mode, moe_impl", [
     ("int4", "head_only", "ragged"),
-    pytest.param("int8", "lora", "ragged", marks=pytest.mark.slow),
     pytest.param("int4_experts", "lora", "tokamax", marks=pytest.mark.slow),   # quantized experts into tokamax
 ])
 def test_adapter_gradients_equal_those_of_the_dequantized_float_model(scheme, mode, moe_impl):
@@ -93,8 +93,8 @@ def test_base_quant_needs_a_frozen_base_and_a_group_that_divides():
   with pytest.raises(ConfigError, match=r"^finetune\.base_quant: .*lora"):
     settings_lib.from_config(_config(mode="full"))
   config = _config()
-  config.sample.quant_group_size = 48  # does not divide the tiny model's d_model of 64
-  with pytest.raises(ConfigError, match=r"^sample\.quant_group_size: 48"):
+  config.finetune.base_quant_group_size = 48  # does not divide the tiny model's d_model of 64
+  with pytest.raises(ConfigError, match=r"^finetune\.base_quant_group_size: 48"):
     settings_lib.from_config(config)
 
 
@@ -197,6 +197,14 @@ def test_qlora_run_resumes_exactly_keeps_its_base_and_loads_on_it(tiny_config, t
   np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))
   plain = logits(base_cfg, jax.tree.map(jnp.asarray, base))  # and it is not the unquantized base's
   assert float(np.abs(plain - ref).max()) > 1e-3 * float(np.abs(ref).max())
+  # dgemma.tools.convert of the run: a plain params checkpoint (finetune.base_quant 'none') of the same model
+  from dgemma.checkpoints import convert
+  convert.to_params(str(tmp_path / "wd"), str(tmp_path / "exported"))
+  exported = api.load(str(tmp_path / "exported"))
+  assert exported.settings.finetune.base_quant == "none"
+  assert not any(quant.is_quantized(v) for v in jax.tree.leaves(exported.params, is_leaf=quant.is_quantized))
+  np.testing.assert_allclose(logits(exported.settings.model, exported.params), ref, rtol=0,
+                             atol=1e-4 * float(np.abs(ref).max()))
 
 
 @pytest.mark.parametrize("kind", ["params", "hf"])

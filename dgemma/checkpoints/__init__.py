@@ -151,7 +151,8 @@ def _put(x: Any, target: jax.ShapeDtypeStruct) -> jax.Array:
 
 def _place(tree: Any, model: ModelConfig, mesh, axis_rules) -> Any:
   """Host (or device) arrays -> device arrays in model.param_dtype on `mesh` (by logical axis names); `QArray`s
-  (quantized as they were read) stay as they are: `load_as` places them on a quantized layout."""
+  (quantized as they were read) stay where they are, on the default device: `load_as` places them on the run's
+  quantized layout."""
   abstract = abstract_params(model, mesh, axis_rules)
   flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(tree, is_leaf=quant.is_quantized)}
   put = lambda v, s: v if quant.is_quantized(v) else _put(v, s)
@@ -201,8 +202,11 @@ def load_params_dir(path: str | os.PathLike, *, mesh=None, axis_rules=None, dtyp
   """A params checkpoint (or a merged one); place=False keeps the host numpy arrays. With `base_quant` the
   weights it quantizes (of those `quantize_only` picks) are quantized leaf by leaf as they are read, in `dtype`."""
   if base_quant is not None and base_quant.scheme != "none":
-    quantize = lambda key, a: quant.quantize_leaf(key, jnp.asarray(a.astype(np.dtype(dtype)) if dtype else a),
-                                                  base_quant, quantize_only)
+    def quantize(key, a):  # the weights base_quant picks go to the device quantized; the rest stay on the host
+      if quant.leaf_plan(key, a.shape, base_quant, quantize_only) is None:
+        return a
+      return quant.quantize_leaf(key, jnp.asarray(a.astype(np.dtype(dtype)) if dtype else a), base_quant,
+                                 quantize_only)
     tree, cfg_dict = params.load_params_each(path, quantize)
   else:
     tree, cfg_dict = params.load_params(path)
@@ -305,7 +309,9 @@ def load_as(path: str | os.PathLike, model: ModelConfig, *, step: Optional[int] 
   dict of leaves that replace or complete the checkpoint's (an adapter's trained leaves). `fresh(keys)`: values
   for the adapters `model` has and the checkpoint lacks ({key tuple: array}; a fine-tuning run's new adapters,
   B = 0); without it a missing tensor is an error naming it. `base_quant` (a `quant.QuantConfig`): the weights
-  `quantize_only(key path)` picks are quantized one by one as they are placed (a QLoRA run's frozen base)."""
+  `quantize_only(key path)` picks are held quantized (a QLoRA run's frozen base): an HF directory or a params
+  checkpoint is quantized as it is read (`load`), a float run or a merged / relaid tree one weight at a time here
+  (a run's float tree itself is restored whole first)."""
   mesh, axis_rules = _default_mesh(mesh, axis_rules)
   source = load(path, step=step, mesh=mesh, axis_rules=axis_rules, dtype=model.param_dtype, field=field,
                 base_quant=base_quant, quantize_only=quantize_only)
@@ -338,7 +344,7 @@ def load_as(path: str | os.PathLike, model: ModelConfig, *, step: Optional[int] 
                             f"{tuple(target.shape)}")
   placed = {}
   for key, target in wanted.items():
-    value = flat.pop(key)  # one weight at a time: a quantized weight's float copy goes before the next is read
+    value = flat.pop(key)  # one weight at a time: a float weight quantized here is placed before the next
     if not quant.is_quantized(target):
       placed[key] = _put(quant.dequantize(value), target)
       continue

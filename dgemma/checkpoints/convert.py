@@ -36,9 +36,10 @@ _EB_CLASS = "EntropyBoundSamplerConfig"  # transformers' name for the entropy-bo
 
 def merged_run_config(config_json: str) -> dict:
   """A run's config as the settings of a checkpoint whose adapters are folded in: finetune.mode 'full' (its
-  weights are plain weights now) and no train.init_from; everything else (canvas, data format, sampler) kept."""
+  weights are plain weights now: a QLoRA run's base is written dequantized, finetune.base_quant 'none') and no
+  train.init_from; everything else (canvas, data format, sampler) kept."""
   run = json.loads(config_json)
-  run.setdefault("finetune", {}).update(mode="full", freeze_router=False)
+  run.setdefault("finetune", {}).update(mode="full", freeze_router=False, base_quant="none")
   run.setdefault("train", {})["init_from"] = ""
   return run
 

@@ -402,8 +402,10 @@ def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
   if skipped and not is_text_only(config_json):
     log.warning("%s: skipped %d vision/audio tensor(s) (dgemma is text-only)", ckpt_dir,
                 len(skipped))
-  for path, pieces in layers_of.items():
+  for path in list(layers_of):  # each weight's layers stacked, and its pieces let go before the next
+    pieces = layers_of.pop(path)
     flat[path] = quant.stack(pieces) if path in stacked else pieces[0]
+    del pieces
   flat.update(_synthetic(cfg, mt, target))
   if mt != DIFFUSION:
     log.warning("%s: Gemma 4 autoregressive checkpoint has no self-conditioning module; "

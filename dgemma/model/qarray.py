@@ -45,8 +45,3 @@ def take_rows(w: Any, index: jax.Array) -> jax.Array:
   if not isinstance(w, QArray):
     return w[index]
   return dequantize(make(w.qvalue[index], w.scale[index]))
-
-
-def abstract(w: Any) -> Any:
-  """`w` (a plain or quantized array) as jax.ShapeDtypeStruct leaves (kept as a QArray)."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype), w)

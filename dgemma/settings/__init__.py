@@ -85,9 +85,11 @@ class Settings:
 
   @property
   def base_quant(self) -> quant.QuantConfig:
-    """How a fine-tuning run holds its frozen base (finetune.base_quant, with the sample group's group size and
-    embedding switch: a run samples on the base it trained against)."""
-    return dataclasses.replace(self.sample.quant, scheme=self.finetune.base_quant)
+    """How a fine-tuning run holds its frozen base (finetune.base_quant, finetune.base_quant_group_size; the
+    embedding is quantized too). Its own keys, not sample.quant's: sampling a run with other quantization settings
+    keeps the base it trained against."""
+    return quant.QuantConfig(scheme=self.finetune.base_quant, group_size=self.finetune.base_quant_group_size,
+                             embedding=True)
 
   @property
   def config_json(self) -> str:
@@ -196,7 +198,7 @@ def _cross_checks(st: Settings) -> None:
     need(token < model.vocab_size, "sample.infill", f"token id {token} at position {pos} is outside the vocabulary "
          f"[0, model.vocab_size={model.vocab_size})")
   if st.finetune.base_quant != "none":
-    quant.check(model, st.base_quant)  # the group size divides every quantized axis (names sample.quant_group_size)
+    quant.check(model, st.base_quant, "finetune.base_quant_group_size")  # it divides every quantized axis
   if distill_lib.enabled(st.distill):
     need(diff.short_canvas_len == 0, "diffusion.short_canvas_len",
          f"consistency distillation trains the configured canvases only; use 0, got {diff.short_canvas_len}")

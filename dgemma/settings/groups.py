@@ -179,8 +179,10 @@ class FinetuneSettings:
                                 "adapters)")
   save_adapter: bool = setting(True, "lora / head_only: also write WORKDIR/adapter/ at the end of training")
   base_quant: str = setting("none", "the frozen base held quantized in the train state (QLoRA): a sample.quantize "
-                            "preset ('int8', 'int4', 'int4_experts'), with sample.quant_group_size and "
-                            "sample.quantize_embedding; lora / head_only only", choices=quant.SCHEMES)
+                            "preset ('int8', 'int4', 'int4_experts', the embedding included); lora / head_only only",
+                            choices=quant.SCHEMES)
+  base_quant_group_size: int = setting(64, "base_quant's int4 group along the contracted axis (0 = per output "
+                                       "channel); must divide it", lo=0)
 
   def __post_init__(self):
     fields.check(self)

@@ -5,6 +5,10 @@
   python -m dgemma.tools.memory --config=configs/models/diffusiongemma_26b_a4b.py --mesh=fsdp=8 --train_batch=8 \
       --seq_len=4096 --config.remat=full
 
+The compiled train step instead of estimates (`--train`; docs/finetuning.md): the config's real step lowered from
+abstract shapes and compiled for one device, XLA's buffer assignment printed, `peak X GiB` last:
+  python -m dgemma.tools.memory --config=configs/finetune_head_qlora.py --train --target=h100
+
 `--config` is a model preset (configs/models/*.py; the rest of the settings are configs/base.py's) or an
 experiment config. Overrides go to `--config.<field>` / `--config.model.<field>` as in dgemma.tools.params.
 
@@ -224,12 +228,12 @@ device_description_str: "{t["name"]}"
 def target_device(target: str = "host"):
   """The device a plan compiles for: 'host' (this process's first device) or a GPU_TARGETS card, compiled for
   without one through jax's CUDA plugin (its deviceless compilation; no GPU or CUDA libraries needed, the
-  plugin's version checks skipped). Call before anything has initialised jax's backends."""
+  plugin's version checks skipped: JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 must be set before jax's backends start, as
+  the command line does)."""
   if target == "host":
     return jax.devices()[0]
   if target not in GPU_TARGETS:
     raise ConfigError(f"--target: {target!r}; use 'host' or one of {sorted(GPU_TARGETS)}")
-  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   try:
     topology = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(target),
@@ -354,7 +358,8 @@ def main(argv):
     config.data.seq_len = _FLAGS["seq_len"].value
   if _FLAGS["train"].value:
     target = _FLAGS["target"].value
-    if target != "host":  # before jax's backends start: the CUDA plugin is loaded then (target_device)
+    if target != "host":  # before jax's backends start (the settings' checks start them): the CUDA plugin loads
+      # then, and without a GPU's libraries its version checks would refuse it (target_device)
       os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
     print(train_report(settings_lib.from_config(config), target))
     return

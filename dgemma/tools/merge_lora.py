@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax
+import flax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
@@ -49,10 +49,16 @@ def as_trained_base(base: dict, run_config_json: str | None) -> dict:
   run = settings_lib.load_json(run_config_json)
   if run.finetune.base_quant == "none":
     return base
-  dtype = jnp.dtype(run.model.param_dtype)
-  quantized = quant.quantize_params(jax.tree.map(lambda w: jnp.asarray(w, dtype), base), run.base_quant,
-                                    finetune.frozen_base(run.finetune))
-  return jax.tree.map(lambda w: np.asarray(quant.dequantize(w)), quantized, is_leaf=quant.is_quantized)
+  dtype, only = jnp.dtype(run.model.param_dtype), finetune.frozen_base(run.finetune)
+
+  def as_trained(names, w):  # one weight at a time, back in its stored dtype; the others as they are
+    if quant.leaf_plan(names, np.shape(w), run.base_quant, only) is None:
+      return w
+    q = quant.quantize_leaf(names, jnp.asarray(w, dtype), run.base_quant, only)
+    return np.asarray(quant.dequantize(q)).astype(np.asarray(w).dtype)
+
+  flat = flax.traverse_util.flatten_dict(base)
+  return flax.traverse_util.unflatten_dict({k: as_trained(k, w) for k, w in flat.items()})
 
 
 def merge_checkpoints(adapter_dir: str, out_dir: str, base_dir: str | None = None, *, overwrite: bool = False) -> dict:

@@ -122,8 +122,8 @@ def state_from_checkpoint(path: str, model_cfg: ModelConfig, optimizer, sharding
   LoRA adapters (finetune.mode lora / head_only) that the checkpoint lacks start from `init_fn(rng)` (B = 0:
   the run starts exactly at the checkpoint's model); a LoRA run's own adapters are kept when this run has the
   same layout, else folded into their weights first; every other tensor must be there. With `base_quant` (QLoRA)
-  each frozen weight is quantized as it is placed (checkpoints.load_as), so no float copy of the base is ever
-  on the device whole."""
+  the frozen weights are held quantized: an HF directory or params checkpoint is quantized as it is read, without
+  the float tree (checkpoints.load_as says when a float copy exists)."""
   mesh = jax.tree.leaves(shardings.params)[0].mesh
 
   def fresh(keys):

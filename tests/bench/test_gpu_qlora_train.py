@@ -23,7 +23,7 @@ def test_the_recipe_is_the_config():
   assert (ft.mode, ft.freeze_router, ft.base_quant, ft.lora_rank, ft.lora_alpha, tuple(ft.lora_targets)) == (
       recipe["mode"], recipe["freeze_router"], recipe["base_quant"], recipe["lora_rank"], recipe["lora_alpha"],
       recipe["lora_targets"])
-  assert (settings.sample.quant.group_size, model.moe_impl, model.remat, settings.opt.lr) == (
+  assert (ft.base_quant_group_size, model.moe_impl, model.remat, settings.opt.lr) == (
       recipe["group_size"], recipe["moe_impl"], recipe["remat"], recipe["lr"])
   assert load_script(SCRIPT).qlora_model("full").lora == model.lora
   assert settings.data.batch_size // settings.opt.grad_accum_steps == 1  # one row per step, as the bench runs

@@ -22,7 +22,7 @@ from dgemma.train import state as state_lib
 def test_abstract_state_equals_the_shapes_init_fn_makes(optimizer_name, finetune_mode, state_dtype, base_quant):
   config = tiny_test.get_config()
   config.opt.optimizer, config.finetune.mode, config.opt.state_dtype = optimizer_name, finetune_mode, state_dtype
-  config.finetune.base_quant, config.sample.quant_group_size = base_quant, 16
+  config.finetune.base_quant, config.finetune.base_quant_group_size = base_quant, 16
   if finetune_mode != "full":
     config.finetune.lora_rank = 2
   settings = settings_lib.from_config(config)
