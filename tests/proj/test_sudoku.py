@@ -368,9 +368,9 @@ def test_eval_sudoku_end_to_end_on_a_tiny_random_model(tmp_path, monkeypatch):
   schemes = []
   real_quantize = quant.quantize_params
 
-  def spy(params, qcfg):
+  def spy(params, qcfg, *args, **kwargs):
     shapes_only = all(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(params))  # under jax.eval_shape
-    out = real_quantize(params, qcfg)
+    out = real_quantize(params, qcfg, *args, **kwargs)
     schemes.append((qcfg.scheme, shapes_only,
                     any(quant.is_quantized(x) for x in jax.tree.leaves(out, is_leaf=quant.is_quantized))))
     return out
