@@ -183,15 +183,19 @@ def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tup
   """
   if qcfg.scheme == "none":
     return params
-  plan = {}  # validated for every weight before any work
+  plan = {}  # every weight's (axes, scheme), validated before any work
   for path, leaf in jax.tree_util.tree_leaves_with_path(params, is_leaf=is_quantized):
     names = _path_names(path)
-    if not is_quantized(leaf) and leaf_plan(names, np.shape(leaf), qcfg, only, field) is not None:
-      plan[names] = True
+    axes_scheme = None if is_quantized(leaf) else leaf_plan(names, np.shape(leaf), qcfg, only, field)
+    if axes_scheme is not None:
+      plan[names] = axes_scheme
 
   def convert(path, leaf):
     names = _path_names(path)
-    return quantize_leaf(names, leaf, qcfg, only) if names in plan else leaf
+    if names not in plan:
+      return leaf
+    axes, scheme = plan[names]
+    return quantize_array(leaf, axes, scheme, int(qcfg.group_size), "/".join(names))
 
   return jax.tree_util.tree_map_with_path(convert, params, is_leaf=is_quantized)
 
