@@ -133,3 +133,11 @@ def trained_leaves(params: Any, finetune) -> dict:
   flat = flax.traverse_util.flatten_dict(params)
   kept = {k: v for k, v in flat.items() if label(tuple(str(n) for n in k), finetune) == TRAINABLE}
   return flax.traverse_util.unflatten_dict(kept)
+
+
+def replace_leaves(params: Any, leaves: dict) -> Any:
+  """`params` with the leaves of the nested dict `leaves` (e.g. `trained_leaves` of another state) in place of its
+  own at the same paths."""
+  flat = flax.traverse_util.flatten_dict(params)
+  flat.update(flax.traverse_util.flatten_dict(leaves))
+  return flax.traverse_util.unflatten_dict(flat)

@@ -16,7 +16,7 @@ LAYERS = {
     "dgemma.jax_cache": 2,
     "dgemma.data": 2,
     "dgemma.sampling": 3,
-    "dgemma.settings": 4,
+    "dgemma.settings": 4, "dgemma.rl": 4,
     "dgemma.checkpoints": 5,
     "dgemma.train": 6,
     "dgemma.report": 7, "dgemma.api": 7,

@@ -7,6 +7,7 @@ turned into typed, frozen settings here, once; everything below takes the typed 
   settings.opt         OptimizerSettings   settings.train  TrainSettings   settings.distill  DistillSettings
   settings.finetune    FinetuneSettings    settings.eval   EvalSettings    settings.mesh     MeshSettings
   settings.sample      SampleSettings (.sampler: SamplerConfig, .quant: QuantConfig, the request)
+  settings.rl          RLSettings (dgemma/rl: GRPO on the model's own samples)
   settings.seed        int
   settings.replace(**{"sample.t_max": 0.6})   # typed overrides of single keys, checked as a config would be
 
@@ -36,6 +37,7 @@ from dgemma.diffusion.config import DiffusionSettings
 from dgemma.errors import ConfigError
 from dgemma.fields import group, setting
 from dgemma.model.config import ModelConfig
+from dgemma.rl.config import RLSettings
 from dgemma.sampling.config import BEGIN_OF_TOOL_RESPONSE_ID, END_OF_TURN_ID, EOS_ID, SamplerConfig
 from dgemma.settings.groups import (DataSettings, DistillSettings, EvalSettings, FinetuneSettings, MeshSettings,
                                     MeshShape, OptimizerSettings, SampleSettings, SudokuSettings, TokenizerSettings,
@@ -58,6 +60,7 @@ class Settings:
   opt: OptimizerSettings = group(OptimizerSettings, "the optimizer")
   train: TrainSettings = group(TrainSettings, "the training loop")
   finetune: FinetuneSettings = group(FinetuneSettings, "fine-tuning: which parameters train")
+  rl: RLSettings = group(RLSettings, "reinforcement learning on the model's own samples (GRPO)")
   sample: SampleSettings = group(SampleSettings, "sampling (sample.py and the API)")
   eval: EvalSettings = group(EvalSettings, "evaluation (eval/)")
   mesh: MeshSettings = group(MeshSettings, "the device mesh: a preset from configs/mesh/")
@@ -160,7 +163,7 @@ def _build(raw) -> Settings:
   sample = fields.from_raw(SampleSettings, sample_raw, sampler=sampler)
   groups = dict(finetune=finetune, model=model, data=data, diffusion=diffusion, sample=sample)
   for name, cls in (("distill", DistillSettings), ("opt", OptimizerSettings), ("train", TrainSettings),
-                    ("eval", EvalSettings), ("mesh", MeshSettings)):
+                    ("eval", EvalSettings), ("mesh", MeshSettings), ("rl", RLSettings)):
     groups[name] = fields.from_raw(cls, raw[name] if name in raw else {})
   return Settings(seed=raw["seed"] if "seed" in raw else 0, **groups)
 
@@ -207,6 +210,8 @@ def _cross_checks(st: Settings) -> None:
     need(st.objective.corruption == objectives.UNIFORM and not st.objective.autoregressive, "distill.method",
          f"consistency distillation runs on the Gaussian relaxation of uniform-state diffusion; "
          f"diffusion.objective={st.objective.name!r} is not uniform-state")
+  if st.rl.enabled:
+    _rl_checks(st)
   expert_axis = st.mesh.size("expert")
   if model.moe_impl == "expert_parallel" and model.num_experts and expert_axis > 0:
     need(model.num_experts % expert_axis == 0, "model.num_experts",
@@ -214,6 +219,31 @@ def _cross_checks(st: Settings) -> None:
          "(moe_impl='expert_parallel' needs num_experts % expert == 0)")
   if st.sample.quant.scheme != "none":
     quant.check(model, st.sample.quant)  # sample.quant_group_size against this architecture (shapes only)
+
+
+def _rl_checks(st: Settings) -> None:
+  """What reinforcement learning (rl.algorithm, dgemma/rl) needs from the other groups."""
+  need = fields.need
+  rl, sampler = st.rl, st.sample.sampler
+  need(not st.objective.autoregressive and not st.objective.masked, "rl.algorithm",
+       f"GRPO samples with the uniform-state canvas sampler; diffusion.objective={st.objective.name!r} is not one")
+  need(sampler.sampler == "released", "sample.sampler", f"rl samples with the released sampler, whose trajectory "
+       f"log-probability is exact (dgemma/rl/policy.py); got {sampler.sampler!r}")
+  need(sampler.semantics == "hf", "sample.semantics", f"rl replays the sampler's steps with semantics 'hf'; got "
+       f"{sampler.semantics!r}")
+  need(sampler.renoise in ("non_accepted", "none"), "sample.renoise", f"rl reads each step's accepted draws; "
+       f"renoise {sampler.renoise!r} also holds earlier ones (use 'non_accepted' or 'none')")
+  need(sampler.show != "live", "sample.show", "rl samples inside the training loop: use 'none'")
+  need(not distill_lib.enabled(st.distill), "distill.method", "rl and consistency distillation are two runs")
+  need(st.diffusion.canvases_per_row == 1, "diffusion.canvases_per_row", "rl samples one canvas per prompt; use 1")
+  mu = rl.num_iterations
+  need(st.train.num_steps % mu == 0, "train.num_steps", f"{st.train.num_steps} updates are not a whole number of "
+       f"rollouts of rl.num_iterations={mu} updates each")
+  need(st.train.ckpt_every % mu == 0, "train.ckpt_every", f"checkpoints fall between rollouts only: use a multiple "
+       f"of rl.num_iterations={mu}, got {st.train.ckpt_every}")
+  need(rl.steps_per_update <= sampler.max_denoising_steps, "rl.steps_per_update", f"{rl.steps_per_update} > "
+       f"sample.max_denoising_steps={sampler.max_denoising_steps}")
+  need(st.opt.grad_accum_steps == 1, "opt.grad_accum_steps", "rl takes one gradient per update; use 1")
 
 
 def tokenizer_end_ids(data: DataSettings, semantics: str = "hf") -> tuple[int, ...]:
@@ -306,4 +336,4 @@ __all__ = ["Settings", "from_config", "default_config", "to_json", "from_json", 
            "with_overrides", "tokenizer_end_ids", "model_differences", "architecture_differences",
            "training_differences", "RUNTIME_MODEL_FIELDS", "DataSettings", "TokenizerSettings", "SudokuSettings",
            "OptimizerSettings", "TrainSettings", "DistillSettings", "FinetuneSettings", "SampleSettings",
-           "EvalSettings", "MeshSettings", "MeshShape", "DiffusionSettings", "ModelConfig", "SamplerConfig"]
+           "EvalSettings", "MeshSettings", "MeshShape", "RLSettings", "DiffusionSettings", "ModelConfig", "SamplerConfig"]

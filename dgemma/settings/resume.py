@@ -17,14 +17,14 @@ RUNTIME_MODEL_FIELDS = ("preset", "dtype", "param_dtype", "moe_impl", "moe_capac
 
 # Keys besides the architecture whose change alters which parameters and optimizer states exist, or what the
 # token ids mean.
-STRUCTURAL_KEYS = ("distill.method", "finetune.mode", "finetune.lora_rank", "finetune.lora_targets",
+STRUCTURAL_KEYS = ("distill.method", "rl.algorithm", "finetune.mode", "finetune.lora_rank", "finetune.lora_targets",
                    "finetune.freeze_router", "opt.optimizer", "opt.state_dtype", "data.tokenizer.kind",
                    "data.tokenizer.vocab_size", "data.tokenizer.path")
 
 # The groups whose keys change what a run trains. Changing one on resume is allowed (a researcher extends
 # train.num_steps or lowers opt.lr), but it is listed. Everything else is bookkeeping or inference
 # (train.log_every, sample.*, eval.*, mesh.*: where the run writes, samples or lays out its arrays).
-TRAINING_GROUPS = ("seed", "data", "diffusion", "distill", "opt", "train", "finetune")
+TRAINING_GROUPS = ("seed", "data", "diffusion", "distill", "opt", "train", "finetune", "rl")
 TRAINING_MODEL_FIELDS = ("dtype", "param_dtype", "router_aux_loss_weight", "router_z_loss_weight")
 NON_TRAINING_KEYS = frozenset((
     "data.cache_dir", "finetune.save_adapter", "opt.grad_accum_steps",  # the same update (optimizer docstring)

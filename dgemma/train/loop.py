@@ -44,13 +44,14 @@ from tqdm import tqdm
 from dgemma import data as data_lib
 from dgemma import distributed
 from dgemma import mesh as mesh_lib
+from dgemma import finetune as finetune_lib
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.checkpoints.orbax_logs import quiet_orbax
 from dgemma.diffusion import distill as distill_lib
 from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged
-from dgemma.train import evaluate, metrics as metrics_lib, optimizer as optimizer_lib, state as state_lib, step as step_lib
+from dgemma.train import evaluate, metrics as metrics_lib, optimizer as optimizer_lib, rl_step, state as state_lib, step as step_lib
 
 CONFIG_CHANGES_FILE = "config_changes.jsonl"  # WORKDIR/: {"step", "changes"} per resume with changed training keys
 
@@ -118,7 +119,8 @@ class RunPrograms(NamedTuple):
   abstract_state: Any
   state_shardings: Any
   init_state: Callable   # jitted: rng -> a fresh TrainState placed on the mesh
-  train_step: Callable   # jitted: (state, batch, rng) -> (state, metrics), the state donated
+  train_step: Callable   # jitted: (state, batch, rng) -> (state, metrics), the state donated; an RL run's
+                         # rl_step.GRPO (rollout, rewards, rl.num_iterations updates)
   eval_step: Callable    # jitted: (params, batch, rng) -> metrics
 
 
@@ -135,7 +137,8 @@ def run_programs(settings, mesh) -> RunPrograms:
   on every call. Data, checkpoint and logging settings are not part of the key (they are not in the programs).
   The programs of the last two setups are kept."""
   key = (settings.model, settings.diffusion, settings.opt, settings.finetune, settings.base_quant, settings.distill,
-         settings.train.num_steps, settings.train.nonfinite, settings.mesh.axis_rules, mesh)
+         settings.train.num_steps, settings.train.nonfinite, settings.mesh.axis_rules, mesh, settings.rl,
+         settings.sample.sampler if settings.rl.enabled else None)
   if key in _PROGRAMS:
     _PROGRAMS.move_to_end(key)
   else:
@@ -166,6 +169,8 @@ def _make_programs(settings, mesh) -> RunPrograms:
                                                 distill_cfg=settings.distill),
                        in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
                        donate_argnums=(0,))
+  if settings.rl.enabled:
+    train_step = rl_step.GRPO(settings, optimizer, schedule, state_shardings)
   eval_step = jax.jit(step_lib.make_eval_step(settings.model, settings.diffusion),
                       in_shardings=(state_shardings.params, data_sharding, None))
   return RunPrograms(optimizer, init_fn, abstract_state, state_shardings,
@@ -221,6 +226,8 @@ def train_and_evaluate(config, workdir: str, *,
   config_changes = check_resume(workdir_path, settings)
   if settings.train.init_from:
     state_lib.check_init_from(settings.train.init_from, settings.model)
+  if settings.rl.enabled:
+    rl_step.check(settings)
   mesh = mesh_lib.make_mesh(settings.mesh.shape)
   mesh_lib.check_batch_fits_mesh(settings.data.batch_size, settings.opt.grad_accum_steps, mesh,
                                  settings.mesh.axis_rules)
@@ -270,6 +277,9 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
     state = programs.init_state(jax.random.PRNGKey(settings.seed))
   if distilling and restored_step is None:  # round 0's teacher: the run the student starts from
     state = state_lib.with_teacher(state, state_lib.copy_params(state.params, state_shardings.params))
+  if settings.rl.enabled and restored_step is None:  # the KL term's reference: the run's start
+    ref = finetune_lib.trained_leaves(state.params, settings.finetune)
+    state = state_lib.with_reference(state, settings.finetune, state_lib.copy_params(ref, state_shardings.ref_params))
   if jax.process_index() == 0:  # only now: a failed restore leaves the saved config as it was
     workdir_ckpt.write_config_json(workdir_path, settings.config_json)
     if restored_step is not None:
@@ -281,6 +291,9 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   eval_rng = evaluate.validation_rng(settings)
   skip_nonfinite = train_cfg.nonfinite == "skip"
   train_step, eval_step = programs.train_step, programs.eval_step
+  if settings.rl.enabled:
+    train_step = train_step.bind(prepared.tokenizer)
+  advance = getattr(train_step, "steps_per_call", 1)  # updates per call: an RL step's rl.num_iterations
   if jax.process_count() > 1:
     # Compile both steps first, then wait for every process: the first cross-process collective
     # must start everywhere within gloo's 30 s connect timeout, and compile times differ.
@@ -291,8 +304,12 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
     distributed.process_barrier("dgemma_steps_compiled")
 
   start_step = int(state.step)
-  end_step = num_steps if stop_after_steps is None else min(num_steps, start_step + stop_after_steps)
+  end_step = num_steps if stop_after_steps is None else min(num_steps, start_step + -(-stop_after_steps // advance)
+                                                             * advance)
   tokens_per_step = settings.data.batch_size * settings.data.seq_len
+  if settings.rl.enabled:  # the tokens sampled per update
+    tokens_per_step = settings.data.batch_size * settings.rl.group_size * settings.diffusion.canvas_len // advance
+  reached = lambda done, every: done // every != (done - advance) // every  # a multiple of `every` in this call
   bar = None
   if train_cfg.progress_bar and jax.process_index() == 0:
     bar = tqdm(total=num_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
@@ -301,9 +318,9 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   last_saved = restored_step
   try:
     host_batch = next(train_iter) if start_step < end_step else None
-    for step in range(start_step, end_step):
+    for step in range(start_step, end_step, advance):
       state, metrics = train_step(state, step_lib.device_batch(host_batch, data_sharding), base_rng)
-      done = step + 1
+      done = step + advance
       stream_state = train_iter.get_state()  # the stream after this step's batch: what its checkpoint resumes
       # The next batch is made here, while the device runs this step (dispatch returns before it finishes).
       host_batch = next(train_iter, None) if done < end_step else None
@@ -326,8 +343,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
       else:
         skips_in_a_row = 0
       pending.append(metrics)
-      window_steps += 1
-      if done % train_cfg.log_every == 0 or last:
+      window_steps += advance
+      if reached(done, train_cfg.log_every) or last:
         window = _window_metrics(pending, window_steps * tokens_per_step / max(time.perf_counter() - window_start,
                                                                                1e-9), skip_nonfinite)
         writer.write(done, window)
@@ -335,14 +352,14 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
           bar.set_postfix(loss=f"{window['loss']:.3f}", tok_s=f"{window['tokens_per_sec']:.0f}")
         window_start, window_steps, pending = time.perf_counter(), 0, []
       if bar is not None:
-        bar.update(1)
-      if done % train_cfg.eval_every == 0 or done == num_steps:
+        bar.update(advance)
+      if reached(done, train_cfg.eval_every) or done == num_steps:
         eval_iter = data_lib.make_iterator(settings, prepared, settings.eval.split, shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
         writer.write(done, evaluate.validation_metrics(eval_step, state.params, eval_iter, train_cfg.eval_batches,
                                                        data_sharding, eval_rng), prefix="eval")
         window_start = time.perf_counter()  # do not count evaluation in tokens/s
-      if done % train_cfg.ckpt_every == 0 or last:
+      if reached(done, train_cfg.ckpt_every) or last:
         workdir_ckpt.save(manager, done, state, workdir_ckpt.all_process_data_states(stream_state))
         last_saved = done
       if last:

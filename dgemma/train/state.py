@@ -20,7 +20,7 @@ from dgemma.model import ModelConfig, Transformer
 from dgemma.model.transformer import boxed_param_shapes
 from dgemma.model.sharding import place, unbox
 from dgemma.train import optimizer as optimizer_lib
-from dgemma.train.state_types import DistillState, TrainState
+from dgemma.train.state_types import DistillState, RLState, TrainState
 
 
 def with_teacher(state: TrainState, teacher_params: Any = None) -> DistillState:
@@ -28,6 +28,15 @@ def with_teacher(state: TrainState, teacher_params: Any = None) -> DistillState:
   abstract states and sharding trees; a concrete state needs a copy, `copy_params`)."""
   return DistillState(step=state.step, params=state.params, opt_state=state.opt_state,
                       teacher_params=state.params if teacher_params is None else teacher_params)
+
+
+def with_reference(state: TrainState, finetune_cfg, ref_params: Any = None) -> RLState:
+  """`state` as an RLState whose frozen reference is `ref_params` (default: the trained leaves of `state.params`
+  themselves, `finetune.trained_leaves`: for abstract states and sharding trees; a concrete state needs a copy,
+  `copy_params`)."""
+  return RLState(step=state.step, params=state.params, opt_state=state.opt_state,
+                 ref_params=finetune_lib.trained_leaves(state.params, finetune_cfg) if ref_params is None
+                 else ref_params)
 
 
 def copy_params(params: Any, shardings: Any) -> Any:
@@ -71,12 +80,14 @@ def abstract_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimiz
 def run_abstract_state(settings, mesh: Mesh) -> tuple[Any, Callable, Any, Any]:
   """(optimizer, init_fn, abstract state, shardings) of the run `settings` describe: its optimizer over
   train.num_steps and the state it checkpoints (a distillation run's holds the round's teacher,
-  dgemma/diffusion/distill.py)."""
+  dgemma/diffusion/distill.py; a reinforcement-learning run's its reference, dgemma/rl)."""
   optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, settings.finetune, settings.model)
   init_fn, abstract, shardings = abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer,
                                                       settings.base_quant, settings.finetune)
   if distill_lib.enabled(settings.distill):
     abstract, shardings = with_teacher(abstract), with_teacher(shardings)
+  if settings.rl.enabled:
+    abstract, shardings = with_reference(abstract, settings.finetune), with_reference(shardings, settings.finetune)
   return optimizer, init_fn, abstract, shardings
 
 

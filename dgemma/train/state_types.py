@@ -26,3 +26,12 @@ class DistillState(TrainState):
   student's TrainState plus the frozen teacher of the current round, checkpointed with it so that a resumed
   run distils from exactly the teacher it had."""
   teacher_params: Any
+
+
+@flax.struct.dataclass
+class RLState(TrainState):
+  """The state of a reinforcement-learning run (rl.algorithm, dgemma/rl/grpo.py): the policy's TrainState plus the
+  frozen reference its KL term is measured against, the trained leaves at the run's start
+  (`dgemma.finetune.trained_leaves`: the adapters of a LoRA / QLoRA run, every weight of a full one), checkpointed
+  with it so that a resumed run keeps its reference."""
+  ref_params: Any

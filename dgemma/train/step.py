@@ -59,6 +59,38 @@ def accumulate_gradients(loss_fn: Callable, params, batch: dict, rng: jax.Array,
   return metrics, jax.tree.map(lambda g, s: g.astype(s.dtype), grads, g_shape)
 
 
+def apply_gradients(state: TrainState, grads, metrics: dict, optimizer, schedule: optax.Schedule, finetune_cfg,
+                    skip_nonfinite: bool):
+  """(state after one optimizer update, metrics + grad_norm, lr, nonfinite). `grads` covers the trainable leaves
+  (a tree like the params with None at frozen ones when `finetune_cfg` freezes some); frozen leaves (a QLoRA run's
+  quantized base among them) pass through as the input buffers. metrics['nonfinite'] is 1.0 when metrics['loss'],
+  the gradient norm or the updated state is not finite; with `skip_nonfinite` such an update is dropped (params and
+  optimizer state stay, the step counter moves on)."""
+  has_frozen = finetune.has_frozen(finetune_cfg)
+  grad_norm = optax.tree.norm(grads)
+  if has_frozen:
+    mask = finetune.trainable_mask(state.params, finetune_cfg)
+    # set_to_zero ignores these zeros (XLA drops them); the tree must match params for optax.
+    frozen = finetune.split(state.params, mask)[1]
+    grads = finetune.join(grads, jax.tree.map(lambda p: None if p is None else jnp.zeros_like(p), frozen,
+                                              is_leaf=lambda x: x is None))
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  if has_frozen:  # frozen leaves are the input buffers, untouched
+    params = jax.tree.map(lambda m, new, old: new if m else old, mask, params, state.params)
+    changed = finetune.split(params, mask)[0]
+  else:
+    changed = params
+  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & all_finite((changed, opt_state))
+  if skip_nonfinite:
+    keep = lambda new, old: jnp.where(finite, new, old)
+    opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+    params = (jax.tree.map(lambda m, new, old: keep(new, old) if m else old, mask, params, state.params)
+              if has_frozen else jax.tree.map(keep, params, state.params))
+  metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step), nonfinite=1.0 - finite.astype(jnp.float32))
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
 def make_train_step(model_cfg: ModelConfig, loss_cfg, optimizer, schedule: optax.Schedule,
                     grad_accum_steps: int = 1, finetune_cfg=None, skip_nonfinite: bool = False, distill_cfg=None):
   """The jittable step (state, batch, base_rng) -> (state, metrics).
@@ -86,32 +118,11 @@ def make_train_step(model_cfg: ModelConfig, loss_cfg, optimizer, schedule: optax
                                   step=state.step)
     if not has_frozen:
       metrics, grads = accumulate_gradients(loss_fn, state.params, batch, rng, loss_cfg, grad_accum_steps)
-      grad_norm = optax.tree.norm(grads)
     else:
-      mask = finetune.trainable_mask(state.params, finetune_cfg)
-      trainable, frozen = finetune.split(state.params, mask)
+      trainable, frozen = finetune.split(state.params, finetune.trainable_mask(state.params, finetune_cfg))
       on_trainable = lambda t, *a, **k: loss_fn(finetune.join(t, frozen), *a, **k)
       metrics, grads = accumulate_gradients(on_trainable, trainable, batch, rng, loss_cfg, grad_accum_steps)
-      grad_norm = optax.tree.norm(grads)
-      # set_to_zero ignores these zeros (XLA drops them); the tree must match params for optax.
-      grads = finetune.join(grads, jax.tree.map(lambda p: None if p is None else jnp.zeros_like(p), frozen,
-                                                is_leaf=lambda x: x is None))
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    if has_frozen:  # frozen leaves (a QLoRA run's quantized base among them) are the input buffers, untouched
-      params = jax.tree.map(lambda m, new, old: new if m else old, mask, params, state.params)
-      changed = finetune.split(params, mask)[0]
-    else:
-      changed = params
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & all_finite((changed, opt_state))
-    if skip_nonfinite:
-      keep = lambda new, old: jnp.where(finite, new, old)
-      opt_state = jax.tree.map(keep, opt_state, state.opt_state)
-      params = (jax.tree.map(lambda m, new, old: keep(new, old) if m else old, mask, params, state.params)
-                if has_frozen else jax.tree.map(keep, params, state.params))
-    metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step),
-                   nonfinite=1.0 - finite.astype(jnp.float32))
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    new_state, metrics = apply_gradients(state, grads, metrics, optimizer, schedule, finetune_cfg, skip_nonfinite)
     if distilling:
       new_state = new_state.replace(teacher_params=teacher_params)
     return new_state, metrics

@@ -72,6 +72,15 @@ def parse_grid(text: str, *, allow_blanks: bool = True, where: str = "grid") -> 
   return grid
 
 
+def prediction_grid(text: str) -> np.ndarray:
+  """A decoded prediction -> int8[81]; cells that are not a digit 1-9 (or are missing) become 0."""
+  cells = np.zeros(NUM_CELLS, np.int8)
+  for i, ch in enumerate(text[:NUM_CELLS]):
+    if "1" <= ch <= "9":
+      cells[i] = ord(ch) - ord("0")
+  return cells
+
+
 def format_grid(grid: Sequence[int]) -> str:
   return "".join(str(int(d)) for d in grid)
 

@@ -65,13 +65,7 @@ from dgemma.sampling import ar_generate, check_request, generate
 from dgemma.tools import cli
 
 
-def prediction_grid(text: str) -> np.ndarray:
-  """A decoded prediction -> int8[81]; cells that are not a digit 1-9 (or are missing) become 0."""
-  cells = np.zeros(sudoku.NUM_CELLS, np.int8)
-  for i, ch in enumerate(text[:sudoku.NUM_CELLS]):
-    if "1" <= ch <= "9":
-      cells[i] = ord(ch) - ord("0")
-  return cells
+prediction_grid = sudoku.prediction_grid
 
 
 def score(puzzles: Sequence[str], solutions: Sequence[str], predictions: Sequence[str]) -> tuple[dict, list[dict]]:

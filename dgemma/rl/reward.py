@@ -1,0 +1,116 @@
+"""Rewards as a registry: `rl.reward` names a record of `REWARDS`, one function scoring a batch of samples.
+
+  score(prompts, completions, references) -> float64[N]     (lists of N decoded strings)
+
+prompts: the prompt each sample was drawn for (its text, without BOS); completions: the sample, cut after its
+end token; references: the data row's own canvas text (its answer, where the data has one; a reward may ignore it).
+Rewards run on the host, between the jitted rollout and the jitted update (dgemma/rl/grpo.py).
+
+  exact_match  1 when the completion equals the reference (both stripped of surrounding whitespace), else 0
+  python       the user's function `rl.reward_fn = 'module.path:function'`: called per sample with the completion's
+               text, plus prompt= and reference= when its signature takes them; returns a float
+and a study's rewards (proj/<study>/, registered by `register` when its module is imported; `STUDY_REWARDS`
+lists the modules imported before the table is read):
+  sudoku          1 when the completion solves the prompt's puzzle (proj/sudoku/reward.py)
+  sudoku_partial  the same, with partial credit for an unsolved grid
+  countdown       1 when the expression reaches the prompt's target with each of its numbers once
+                  (proj/countdown/reward.py)
+Adding a reward touches this table (or, for a study, its own module) and its test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dgemma.errors import ConfigError
+
+ScoreFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Reward:
+  name: str
+  score: ScoreFn | None   # None: built from the settings (`python`)
+  doc: str
+
+
+def per_sample(fn: Callable[[str, str, str], float]) -> ScoreFn:
+  """A batch score from a per-sample fn(prompt, completion, reference) -> float."""
+  return lambda prompts, completions, references: np.asarray(
+      [float(fn(p, c, r)) for p, c, r in zip(prompts, completions, references)], np.float64)
+
+
+def _exact_match(prompt: str, completion: str, reference: str) -> float:
+  del prompt
+  return float(completion.strip() == reference.strip())
+
+
+REWARDS: dict[str, Reward] = {r.name: r for r in (
+    Reward("exact_match", per_sample(_exact_match), "1 when the completion equals the reference (stripped)"),
+    Reward("python", None, "rl.reward_fn = 'module.path:function', text -> float"),
+)}
+STUDY_REWARDS = ("proj.sudoku.reward", "proj.countdown.reward")  # modules that register a study's rewards when imported
+_studies_loaded = False
+
+
+def register(reward: Reward) -> Reward:
+  """Adds a study's reward to REWARDS (its module calls this when imported)."""
+  REWARDS[reward.name] = reward
+  return reward
+
+
+def names() -> tuple[str, ...]:
+  """Every reward's name, the studies' included (a study that is not installed is left out)."""
+  global _studies_loaded
+  if not _studies_loaded:
+    _studies_loaded = True
+    for module in STUDY_REWARDS:
+      try:
+        importlib.import_module(module)
+      except ModuleNotFoundError as e:
+        if not module.startswith(str(e.name)):
+          raise
+  return tuple(REWARDS)
+
+
+def load_function(path: str, field: str = "rl.reward_fn") -> Callable:
+  """The function `path` ('module.path:function') names; one line naming `field` when it cannot be had."""
+  module_name, sep, attr = path.partition(":")
+  if not sep or not module_name or not attr:
+    raise ConfigError(f"{field}: {path!r} is not 'module.path:function'")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ConfigError(f"{field}: cannot import {module_name!r} ({e})") from e
+  fn = getattr(module, attr, None)
+  if not callable(fn):
+    raise ConfigError(f"{field}: {module_name!r} has no function {attr!r}")
+  return fn
+
+
+def _python_score(fn: Callable) -> ScoreFn:
+  params = inspect.signature(fn).parameters
+  takes = lambda name: name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+  extra = [name for name in ("prompt", "reference") if takes(name)]
+
+  def one(prompt: str, completion: str, reference: str) -> float:
+    kwargs = {name: value for name, value in (("prompt", prompt), ("reference", reference)) if name in extra}
+    value = float(fn(completion, **kwargs))
+    if not np.isfinite(value):
+      raise ValueError(f"rl.reward_fn: returned {value} for the completion {completion[:60]!r}")
+    return value
+  return per_sample(one)
+
+
+def scorer(rl) -> ScoreFn:
+  """The batch score of the settings `rl` (an RLSettings) name; errors name the field."""
+  if rl.reward not in names():
+    raise ConfigError(f"rl.reward: {rl.reward!r} not in {names()}")
+  if rl.reward == "python":
+    return _python_score(load_function(rl.reward_fn))
+  return REWARDS[rl.reward].score

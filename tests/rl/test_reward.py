@@ -1,0 +1,57 @@
+"""The reward registry (dgemma/rl/reward.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dgemma.errors import ConfigError
+from dgemma.rl import reward
+from dgemma.rl.config import RLSettings
+
+
+def score(name, prompts, completions, references, **kw):
+  return reward.scorer(RLSettings(reward=name, **kw))(prompts, completions, references)
+
+
+def test_registry_lists_the_builtins_and_the_studies():
+  names = reward.names()
+  assert {"exact_match", "python", "sudoku", "sudoku_partial"} <= set(names)
+
+
+def test_exact_match():
+  np.testing.assert_array_equal(score("exact_match", ["", ""], [" 42\n", "41"], ["42", "42"]), [1.0, 0.0])
+
+
+def test_python_callables_get_what_their_signature_takes():
+  got = score("python", ["ab", "ab"], ["1x2y", "zz"], ["", ""], reward_fn="tests.rl.toy_rewards:share_of_digits")
+  np.testing.assert_allclose(got, [0.5, 0.0])
+  got = score("python", ["xb", "xa"], ["b..", "b.."], ["", ""], reward_fn="tests.rl.toy_rewards:with_prompt")
+  np.testing.assert_array_equal(got, [1.0, 0.0])
+  got = score("python", ["", ""], ["r", "s"], ["r", "r"], reward_fn="tests.rl.toy_rewards:with_everything")
+  np.testing.assert_array_equal(got, [1.0, 0.0])
+
+
+@pytest.mark.parametrize("path,message", [
+    ("tests.rl.toy_rewards", "is not 'module.path:function'"),
+    ("tests.rl.no_such_module:f", "cannot import 'tests.rl.no_such_module'"),
+    ("tests.rl.toy_rewards:missing", "has no function 'missing'"),
+    ("tests.rl.toy_rewards:NOT_A_FUNCTION", "has no function 'NOT_A_FUNCTION'"),
+])
+def test_a_bad_reward_function_is_one_line_naming_the_field(path, message):
+  with pytest.raises(ConfigError, match=f"rl.reward_fn: .*{message}"):
+    reward.scorer(RLSettings(reward="python", reward_fn=path))
+
+
+def test_a_non_finite_reward_is_refused():
+  with pytest.raises(ValueError, match="rl.reward_fn: returned nan"):
+    score("python", [""], ["x"], [""], reward_fn="tests.rl.toy_rewards:not_finite")
+
+
+def test_settings_name_what_is_missing():
+  with pytest.raises(ConfigError, match="rl.reward: .* needs a reward"):
+    RLSettings(algorithm="grpo")
+  with pytest.raises(ConfigError, match="rl.reward_fn: rl.reward='python' needs the function"):
+    RLSettings(algorithm="grpo", reward="python")
+  with pytest.raises(ConfigError, match="rl.reward"):
+    RLSettings(algorithm="grpo", reward="no_such_reward")
