@@ -34,8 +34,6 @@ override key of any setting, then the metric keys (union over settings), in firs
 from __future__ import annotations
 
 import csv
-import importlib
-import importlib.util
 import io
 import json
 import time
@@ -45,7 +43,7 @@ from typing import Any, Callable, Union
 import ml_collections
 
 import dgemma
-from dgemma import api, checkpoints, files, report
+from dgemma import api, checkpoints, files, registry, report
 from dgemma import settings as settings_lib
 from dgemma.errors import ConfigError
 from dgemma.tools import cli
@@ -74,15 +72,7 @@ def metric_fn(name: str) -> MetricFn:
     return spec
   if ":" not in spec:
     raise ConfigError(f"metric: {name!r} is not a registered metric ({sorted(METRICS)}) nor 'module:function'")
-  module_name, fn_name = spec.split(":", 1)
-  try:
-    module = importlib.import_module(module_name)
-  except ImportError as e:
-    raise ConfigError(f"metric: {name!r} needs module {module_name} ({e})") from e
-  fn = getattr(module, fn_name, None)
-  if not callable(fn):
-    raise ConfigError(f"metric: {module_name} has no function {fn_name!r}")
-  return fn
+  return registry.load_function(spec, "metric")
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:

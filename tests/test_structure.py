@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # docs/architecture.md's layers, by top-level module of dgemma.
 LAYERS = {
-    "dgemma.errors": 0, "dgemma.files": 0, "dgemma.reductions": 0, "dgemma.fields": 0,
+    "dgemma.errors": 0, "dgemma.files": 0, "dgemma.reductions": 0, "dgemma.fields": 0, "dgemma.registry": 0,
     "dgemma.model": 1, "dgemma.tokenizers": 1,
     "dgemma.diffusion": 2, "dgemma.quant": 2, "dgemma.finetune": 2, "dgemma.mesh": 2, "dgemma.distributed": 2,
     "dgemma.jax_cache": 2,

@@ -23,8 +23,7 @@ import dataclasses
 import os
 from typing import Callable
 
-import importlib
-
+from dgemma import registry
 from dgemma.data import builder, pipeline
 from dgemma.data.pipeline import DataIterator, PreparedData
 from dgemma.errors import ConfigError
@@ -72,12 +71,7 @@ def names() -> tuple[str, ...]:
   global _studies_loaded
   if not _studies_loaded:
     _studies_loaded = True
-    for module in STUDY_SOURCES:
-      try:
-        importlib.import_module(module)
-      except ModuleNotFoundError as e:
-        if not module.startswith(str(e.name)):
-          raise
+    registry.import_studies(STUDY_SOURCES)
   return tuple(SOURCES)
 
 

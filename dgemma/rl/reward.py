@@ -21,12 +21,12 @@ Adding a reward touches this table (or, for a study, its own module) and its tes
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from typing import Callable, Sequence
 
 import numpy as np
 
+from dgemma import registry
 from dgemma.errors import ConfigError
 
 ScoreFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], np.ndarray]
@@ -69,28 +69,8 @@ def names() -> tuple[str, ...]:
   global _studies_loaded
   if not _studies_loaded:
     _studies_loaded = True
-    for module in STUDY_REWARDS:
-      try:
-        importlib.import_module(module)
-      except ModuleNotFoundError as e:
-        if not module.startswith(str(e.name)):
-          raise
+    registry.import_studies(STUDY_REWARDS)
   return tuple(REWARDS)
-
-
-def load_function(path: str, field: str = "rl.reward_fn") -> Callable:
-  """The function `path` ('module.path:function') names; one line naming `field` when it cannot be had."""
-  module_name, sep, attr = path.partition(":")
-  if not sep or not module_name or not attr:
-    raise ConfigError(f"{field}: {path!r} is not 'module.path:function'")
-  try:
-    module = importlib.import_module(module_name)
-  except ImportError as e:
-    raise ConfigError(f"{field}: cannot import {module_name!r} ({e})") from e
-  fn = getattr(module, attr, None)
-  if not callable(fn):
-    raise ConfigError(f"{field}: {module_name!r} has no function {attr!r}")
-  return fn
 
 
 def _python_score(fn: Callable) -> ScoreFn:
@@ -112,5 +92,5 @@ def scorer(rl) -> ScoreFn:
   if rl.reward not in names():
     raise ConfigError(f"rl.reward: {rl.reward!r} not in {names()}")
   if rl.reward == "python":
-    return _python_score(load_function(rl.reward_fn))
+    return _python_score(registry.load_function(rl.reward_fn, "rl.reward_fn"))
   return REWARDS[rl.reward].score

@@ -349,7 +349,11 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
                                                                                1e-9), skip_nonfinite)
         writer.write(done, window)
         if bar is not None:
-          bar.set_postfix(loss=f"{window['loss']:.3f}", tok_s=f"{window['tokens_per_sec']:.0f}")
+          shown = dict(loss=f"{window['loss']:.3f}", tok_s=f"{window['tokens_per_sec']:.0f}")
+          if "reward_mean" in window:  # an RL step's
+            shown = dict(reward=f"{window['reward_mean']:.3f}", kl=f"{window['kl']:.4f}",
+                         samples_s=f"{window['samples_per_sec']:.1f}")
+          bar.set_postfix(**shown)
         window_start, window_steps, pending = time.perf_counter(), 0, []
       if bar is not None:
         bar.update(advance)

@@ -27,6 +27,10 @@ from dgemma.sampling.config import SamplerConfig
 from dgemma.train import step as step_lib
 from dgemma.train.state_types import RLState
 
+# Streams of the run's base key (the update draws from fold_in(base, step), as the supervised step does): the
+# rollout's sampling keys (row n: fold_in(stream key, n)) and the ELBO's noise.
+_ROLLOUT_STREAM, _ELBO_STREAM = 0x5A3, 0xE1B0
+
 
 def reference_params(params, ref_leaves):
   """The frozen reference: `params` with its trained leaves replaced by the run's start (`RLState.ref_params`)."""
@@ -152,7 +156,7 @@ class GRPO:
     prompts, lengths, references = prompts[live], lengths[live], references[live]
     prompt_NP, lengths_N = np.repeat(prompts, rl.group_size, 0), np.repeat(lengths, rl.group_size, 0)
     step = int(state.step)
-    rng = jax.random.fold_in(jax.random.fold_in(base_rng, 0x5A3), step)
+    rng = jax.random.fold_in(jax.random.fold_in(base_rng, _ROLLOUT_STREAM), step)
     out = generation.generate(self.model, state.params, prompt_NP, lengths_N, self.sampler_cfg, rng, C,
                               return_trajectory="first")
     traj = jax.tree.map(lambda x: x[0], out.trajectory)
@@ -166,7 +170,8 @@ class GRPO:
     rollout = Rollout(prompt_NP=jnp.asarray(prompt_NP), lengths_N=jnp.asarray(lengths_N),
                       canvas_SNC=traj.canvas_SBC, sampled_SNC=traj.sampled_SBC, draws_SNC=draws_SNC,
                       tokens_NC=jnp.asarray(tokens_NC), valid_NC=jnp.asarray(valid_NC),
-                      advantages_N=jnp.asarray(advantages, jnp.float32), elbo_key=jax.random.fold_in(rng, 1))
+                      advantages_N=jnp.asarray(advantages, jnp.float32),
+                      elbo_key=jax.random.fold_in(jax.random.fold_in(base_rng, _ELBO_STREAM), step))
     if rl.log_likelihood == "trajectory" and (rl.num_iterations > 1 or self.settings.model.self_conditioning):
       old_lp, sc = self._replay(state.params, rollout)
       rollout = rollout.replace(old_lp_SNC=old_lp if rl.num_iterations > 1 else None, sc_SNCV=sc)

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+import dgemma
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.errors import ConfigError
@@ -89,6 +90,10 @@ def test_rl_resumes_exactly_with_several_updates_per_rollout(tiny_config, tmp_pa
   assert rows[-1]["ratio_mean"] != 1.0  # the second update of a rollout sees a moved policy
   # the reference is the run's start: every trained leaf, unchanged
   np.testing.assert_array_equal(jax.tree.leaves(straight.ref_params)[0], jax.tree.leaves(resumed.ref_params)[0])
+  # dgemma.load reads an RL run as any run: its policy
+  loaded = dgemma.load(str(tmp_path / "straight"))
+  for a, b in zip(jax.tree.leaves(jax.device_get(loaded.params)), jax.tree.leaves(jax.device_get(straight.params))):
+    np.testing.assert_array_equal(a, b)
   untimed = lambda rs: [{k: v for k, v in r.items() if not k.endswith("_per_sec")} for r in rs]
   assert untimed(train_rows(tmp_path / "resumed")) == untimed(rows)  # the same rewards, losses, ratios
 
@@ -100,7 +105,7 @@ def test_a_qlora_policy_keeps_its_quantized_base(tiny_config, tmp_path):
   config = toy_config(tiny_config, **{"finetune.mode": "lora", "finetune.base_quant": "int8", "train.num_steps": 2,
                                       "train.ckpt_every": 2, "train.log_every": 1})
   settings = settings_lib.from_config(config)
-  programs = loop.run_programs(settings, __import__("dgemma").mesh.make_mesh(settings.mesh.shape))
+  programs = loop.run_programs(settings, dgemma.mesh.make_mesh(settings.mesh.shape))
   start = jax.device_get(programs.init_state(jax.random.PRNGKey(settings.seed)))
   state = jax.device_get(loop.train_and_evaluate(config, str(tmp_path / "wd")))
   flat = lambda tree: {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)}

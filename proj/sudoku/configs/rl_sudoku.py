@@ -14,24 +14,9 @@ through, weighted 4x (rl.steps_per_update); KL to the supervised run. The whole 
 at a learning rate 20x below the supervised peak. Results: docs/experiments/rl.md.
 """
 
+from configs import rl
 from proj.sudoku.configs import sudoku
 
 
 def get_config(base: str = ""):
-  config = sudoku.get_config()
-  config.train.init_from = base
-  config.rl.algorithm = "grpo"
-  config.rl.reward = "sudoku"
-  config.rl.group_size = 8
-  config.rl.steps_per_update = 4
-  config.rl.kl_weight = 0.04
-  config.data.batch_size = 8        # puzzles per step: 64 samples
-  config.opt.lr = 1e-4
-  config.opt.warmup_steps = 10
-  config.opt.weight_decay = 0.0
-  config.train.num_steps = 400
-  config.train.log_every = 5
-  config.train.eval_every = 100
-  config.train.ckpt_every = 50
-  config.train.keep_checkpoints = 20
-  return config
+  return rl.grpo(sudoku.get_config(), init_from=base, reward="sudoku")
