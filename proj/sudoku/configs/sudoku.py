@@ -40,6 +40,7 @@ with the causal encoder; 1.19x the step) moved it most: 73% solved at step 3,000
 a second seed, 4,800 steps timed end to end: 77.8% in 53 minutes),
 against 51-61% for the hour without them; validation canvas CE 0.025 against 0.069-0.077 (docs/experiments/sudoku.md,
 "Training changes, one hour each"). Without them: --config.model.decoder_head_layers=0. On a GPU: proj/sudoku/configs/sudoku_gpu.py (91%).
+As shipped (4,800 steps, seed 0, the two decoder-only layers): 85.2% solved in one sample after 60.5 minutes.
 """
 
 from configs import base
