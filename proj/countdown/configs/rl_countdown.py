@@ -6,9 +6,9 @@ after ':' is its workdir): reward 1 for an expression that reaches the target wi
   python -m proj.countdown.eval --checkpoint=workdirs/countdown_rl --data=data/countdown/test.jsonl
 """
 
-from configs import rl
 from proj.countdown.configs import countdown
+from proj.sudoku.configs import rl_sudoku
 
 
 def get_config(base: str = ""):
-  return rl.grpo(countdown.get_config("data/countdown/train.jsonl"), init_from=base, reward="countdown")
+  return rl_sudoku.grpo(countdown.get_config("data/countdown/train.jsonl"), init_from=base, reward="countdown")
