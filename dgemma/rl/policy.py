@@ -64,6 +64,13 @@ class Rollout:
   old_ll_N: Optional[jax.Array] = None
 
 
+def kept_draws(traj) -> jax.Array:
+  """[S, N, C] the draws of a recorded trajectory (`dgemma.sampling.sampler.Trajectory` of one canvas) that went
+  onto the canvas: accepted at a step the row ran (the sampler's `accepted` also holds infilled positions: rollouts
+  infill none)."""
+  return traj.accepted_SBC & traj.active_SB[..., None]
+
+
 def prompt_decoder(model: Transformer, params: Any, prompt_NP: jax.Array, lengths_N: jax.Array,
                    canvas_len: int) -> Callable:
   """decode(canvas_NC, sc_logits_NCV | None, sc_mask_N | None) -> logits [N, C, V] in at least fp32 of the first canvas after
@@ -128,11 +135,12 @@ def replay(model: Transformer, params: Any, rollout: Rollout, cfg: SamplerConfig
   return lp_SNC, sc_SNCV
 
 
-def step_draws(decode: Callable, rollout: Rollout, cfg: SamplerConfig, step, use_sc: bool):
+def step_draws(decode: Callable, rollout: Rollout, cfg: SamplerConfig, step):
   """(log p_s [N, C, V], log-probabilities of the step's draws [N, C]) of one recorded step `step` (a traced int)
-  under the decoder `decode` (`prompt_decoder`), reading the rollout's self-conditioning input of that step."""
+  under the decoder `decode` (`prompt_decoder`), reading the rollout's self-conditioning input of that step (a
+  model with self-conditioning has them: `replay` stored them)."""
   canvas_NC = rollout.canvas_SNC[step]
-  if use_sc:
+  if rollout.sc_SNCV is not None:
     logits = decode(canvas_NC, rollout.sc_SNCV[step], sc_mask(cfg, step, canvas_NC.shape[0]))
   else:
     logits = decode(canvas_NC)
@@ -140,10 +148,12 @@ def step_draws(decode: Callable, rollout: Rollout, cfg: SamplerConfig, step, use
   return logp_NCV, draw_log_probs(logp_NCV, rollout.sampled_SNC[step])
 
 
-def elbo(decode: Callable, rollout: Rollout, loss_cfg, num_t: int, vocab_size: int, use_sc: bool) -> jax.Array:
-  """The ELBO of each output [N] (nats, a lower bound on log p(output | prompt)): minus the canvas NELBO over its
-  valid tokens at `num_t` antithetic times, the times and noise from `rollout.elbo_key` (row n: fold_in(key, n)).
-  With self-conditioning, training's second pass (the first pass's logits as the signal)."""
+def elbo(model: Transformer, params: Any, rollout: Rollout, loss_cfg, num_t: int) -> jax.Array:
+  """The ELBO of each output [N] under `params` (nats, a lower bound on log p(output | prompt)): minus the canvas
+  NELBO over its valid tokens at `num_t` antithetic times, the times and noise from `rollout.elbo_key` (row n:
+  fold_in(key, n)). With self-conditioning, training's second pass (the first pass's logits as the signal)."""
+  decode = prompt_decoder(model, params, rollout.prompt_NP, rollout.lengths_N, rollout.tokens_NC.shape[-1])
+  use_sc = bool(model.cfg.self_conditioning)
 
   def logits_fn(noisy_NC, alpha_N):
     del alpha_N
@@ -153,5 +163,6 @@ def elbo(decode: Callable, rollout: Rollout, loss_cfg, num_t: int, vocab_size: i
   keys_N = jax.vmap(lambda n: jax.random.fold_in(rollout.elbo_key, n))(
       jnp.arange(rollout.tokens_NC.shape[0], dtype=jnp.int32))
   integrand_NM, recon_N = likelihood.canvas_bound_terms(logits_fn, rollout.tokens_NC, rollout.valid_NC, keys_N,
-                                                        num_t=num_t, loss_cfg=loss_cfg, vocab_size=vocab_size)
+                                                        num_t=num_t, loss_cfg=loss_cfg,
+                                                        vocab_size=model.cfg.vocab_size)
   return -((1.0 - loss_cfg.t_eps) * jnp.mean(integrand_NM, axis=-1) + recon_N)

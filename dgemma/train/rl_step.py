@@ -43,27 +43,25 @@ def make_update(settings, optimizer, schedule):
   model_cfg, rl, ft = settings.model, settings.rl, settings.finetune
   sampler_cfg: SamplerConfig = settings.canvas_sampler
   model = Transformer(model_cfg)
-  use_sc = bool(model_cfg.self_conditioning)
   steps = sampler_cfg.max_denoising_steps
   scored = min(rl.steps_per_update or steps, steps)
   has_frozen = finetune.has_frozen(ft)
 
   def loss_fn(params, ref, rollout: Rollout, rng):
-    decode = policy.prompt_decoder(model, params, rollout.prompt_NP, rollout.lengths_N, rollout.tokens_NC.shape[-1])
-    ref_decode = policy.prompt_decoder(model, ref, rollout.prompt_NP, rollout.lengths_N, rollout.tokens_NC.shape[-1])
     if rl.log_likelihood == "elbo":
-      ll_N = policy.elbo(decode, rollout, settings.diffusion, rl.elbo_samples, model_cfg.vocab_size, use_sc)
-      ref_ll_N = jax.lax.stop_gradient(policy.elbo(ref_decode, rollout, settings.diffusion, rl.elbo_samples,
-                                                   model_cfg.vocab_size, use_sc))
+      ll_N = policy.elbo(model, params, rollout, settings.diffusion, rl.elbo_samples)
+      ref_ll_N = jax.lax.stop_gradient(policy.elbo(model, ref, rollout, settings.diffusion, rl.elbo_samples))
       old_ll_N = jax.lax.stop_gradient(ll_N) if rollout.old_ll_N is None else rollout.old_ll_N
       length_N = jnp.sum(rollout.valid_NC, axis=-1)
       return grpo.sequence_loss(ll_N, old_ll_N, ref_ll_N, length_N, rollout.advantages_N, rl)
+    decode = policy.prompt_decoder(model, params, rollout.prompt_NP, rollout.lengths_N, rollout.tokens_NC.shape[-1])
+    ref_decode = policy.prompt_decoder(model, ref, rollout.prompt_NP, rollout.lengths_N, rollout.tokens_NC.shape[-1])
     chosen_K = (jnp.arange(steps, dtype=jnp.int32) if scored == steps
                 else jax.random.permutation(rng, steps)[:scored].astype(jnp.int32))
 
     def one(_, s):
-      logp_NCV, lp_NC = policy.step_draws(decode, rollout, sampler_cfg, s, use_sc)
-      ref_logp_NCV, _ = policy.step_draws(ref_decode, rollout, sampler_cfg, s, use_sc)
+      logp_NCV, lp_NC = policy.step_draws(decode, rollout, sampler_cfg, s)
+      ref_logp_NCV, _ = policy.step_draws(ref_decode, rollout, sampler_cfg, s)
       kl_NC = grpo.position_kl(logp_NCV, jax.lax.stop_gradient(ref_logp_NCV))
       return None, (lp_NC, kl_NC)
 
@@ -136,10 +134,8 @@ class GRPO:
     model = self.model
     sampler_cfg = self.sampler_cfg
     self._replay = jax.jit(lambda params, rollout: policy.replay(model, params, rollout, sampler_cfg))
-    use_sc = bool(settings.model.self_conditioning)
-    self._old_elbo = jax.jit(lambda params, rollout: policy.elbo(
-        policy.prompt_decoder(model, params, rollout.prompt_NP, rollout.lengths_N, rollout.tokens_NC.shape[-1]),
-        rollout, settings.diffusion, settings.rl.elbo_samples, settings.model.vocab_size, use_sc))
+    self._old_elbo = jax.jit(lambda params, rollout: policy.elbo(model, params, rollout, settings.diffusion,
+                                                                 settings.rl.elbo_samples))
 
   def bind(self, tokenizer):
     """The loop's step: (state, batch, base_rng) -> (state, metrics) with the run's tokenizer (rewards read text)."""
@@ -160,11 +156,12 @@ class GRPO:
     out = generation.generate(self.model, state.params, prompt_NP, lengths_N, self.sampler_cfg, rng, C,
                               return_trajectory="first")
     traj = jax.tree.map(lambda x: x[0], out.trajectory)
-    draws_SNC = traj.accepted_SBC & traj.active_SB[..., None] & (traj.sampled_SBC >= 0)
+    draws_SNC = policy.kept_draws(traj)
     tokens_NC = np.asarray(out.tokens_BN)
     valid_NC = np.arange(C)[None] < np.asarray(out.lengths_B)[:, None]
-    prompt_texts = texts(tokenizer, prompt_NP, lengths_N)
-    ref_texts = texts(tokenizer, np.repeat(references, rl.group_size, 0))
+    # each prompt and reference decoded once, then repeated for its group
+    group = lambda items: [item for item in items for _ in range(rl.group_size)]
+    prompt_texts, ref_texts = group(texts(tokenizer, prompts, lengths)), group(texts(tokenizer, references))
     rewards = self.score(prompt_texts, texts(tokenizer, tokens_NC, np.asarray(out.lengths_B)), ref_texts)
     advantages = grpo.group_advantages(rewards, rl.group_size, rl.advantage_eps)
     rollout = Rollout(prompt_NP=jnp.asarray(prompt_NP), lengths_N=jnp.asarray(lengths_N),

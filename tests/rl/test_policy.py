@@ -31,7 +31,7 @@ def sampled():
   cfg = SamplerConfig(canvas_len=C, max_denoising_steps=S, end_ids=(), confidence_threshold=0.05)
   out = generate(model, params, prompts, lengths, cfg, jax.random.key(3), C, return_trajectory="first")
   traj = jax.tree.map(lambda x: np.asarray(x[0]), out.trajectory)
-  draws = traj.accepted_SBC & traj.active_SB[..., None] & (traj.sampled_SBC >= 0)
+  draws = np.asarray(policy.kept_draws(traj))
   rollout = policy.Rollout(prompt_NP=jnp.asarray(prompts), lengths_N=jnp.asarray(lengths),
                            canvas_SNC=jnp.asarray(traj.canvas_SBC), sampled_SNC=jnp.asarray(traj.sampled_SBC),
                            draws_SNC=jnp.asarray(draws), tokens_NC=out.tokens_BN,
@@ -131,7 +131,7 @@ def test_stored_signal_steps_equal_the_replay(sampled):
     lp, sc = policy.replay(model, p, r, cfg)
     r = r.replace(sc_SNCV=sc)
     decode = policy.prompt_decoder(model, p, r.prompt_NP, r.lengths_N, C)
-    steps = [jnp.where(r.draws_SNC[s], policy.step_draws(decode, r, cfg, jnp.int32(s), True)[1], 0.0)
+    steps = [jnp.where(r.draws_SNC[s], policy.step_draws(decode, r, cfg, jnp.int32(s))[1], 0.0)
              for s in range(S)]
     return lp, jnp.stack(steps)
 
