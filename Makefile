@@ -30,7 +30,7 @@ demo: venv data
 	$(PY) -m dgemma.tools.report --workdir=$(DEMO_WORKDIR) --out=$(REPORT)
 
 test: venv  # everything, the slow tier included (what CI runs)
-	$(PY) -m pytest -q -n 2 tests
+	$(PY) -m pytest -q -n 2 --durations=20 tests
 
 test-fast: venv  # the edit loop: no subprocesses, 8-device runs, notebooks or torch parity (tests/conftest.py)
 	$(PY) -m pytest -q -n 2 -m "not slow" tests

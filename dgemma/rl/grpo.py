@@ -69,8 +69,11 @@ def trajectory_loss(lp_KNC, old_lp_KNC, draws_KNC, kl_KNC, advantages_N, draws_t
   pg = -jnp.sum(per_row(objective)) / jnp.maximum(rows, 1.0)
   kl = jnp.sum(per_row(kl_KNC)) / jnp.maximum(rows, 1.0)
   n_draws = jnp.maximum(jnp.sum(draws), 1.0)
+  # the trajectory's surprisal, nats per sample (its expectation is the entropy of the draws that reach the
+  # canvas): how much of a sample's randomness the policy gradient can credit to the model
+  nll = step_weight * jnp.sum(-lp_KNC * draws) / jnp.maximum(rows, 1.0)
   metrics = dict(pg_loss=pg, kl=kl, clip_fraction=jnp.sum(outside * draws) / n_draws,
-                 ratio_mean=jnp.sum(ratio * draws) / n_draws)
+                 ratio_mean=jnp.sum(ratio * draws) / n_draws, trajectory_nll=jax.lax.stop_gradient(nll))
   return pg + rl.kl_weight * kl, metrics
 
 

@@ -66,8 +66,10 @@ def test_trajectory_loss_and_gradient_match_numpy(clip_eps_high):
                                              jnp.asarray(adv), jnp.asarray(total), 2.0, rl)
     (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(jnp.asarray(lp))
     loss, grad = float(loss), np.asarray(grad)
-    clip_fraction = float(metrics["clip_fraction"])
+    clip_fraction, nll = float(metrics["clip_fraction"]), float(metrics["trajectory_nll"])
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-12)
+  # the surprisal per sample with draws: S / K x the scored draws' -log p, over the 5 rows that have draws
+  np.testing.assert_allclose(nll, 2.0 * -np.sum(lp * draws) / 5, rtol=1e-12)
   np.testing.assert_allclose(grad, ref_grad, rtol=1e-12, atol=1e-15)
   ratio = np.exp(lp - old)
   outside = (ratio < 0.8) | (ratio > 1 + (clip_eps_high or 0.2))
