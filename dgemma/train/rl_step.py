@@ -188,5 +188,7 @@ class GRPO:
     draws = float(jnp.sum(rollout.draws_SNC)) / rewards.shape[0]
     groups = rewards.reshape(-1, self.rl.group_size)
     metrics.update(reward_mean=float(rewards.mean()), reward_std=float(groups.std(axis=1, ddof=1).mean()),
+                   # GRPO's effective batch: a group whose rewards are all equal has advantage 0 and teaches nothing
+                   groups_with_signal=float(np.mean(groups.max(axis=1) > groups.min(axis=1))),
                    draws_per_sample=draws, samples_per_sec=rewards.shape[0] / (time.perf_counter() - start))
     return state, metrics

@@ -60,6 +60,10 @@ def test_grpo_raises_a_toy_reward(tiny_config, tmp_path, log_likelihood):
   assert np.mean([r["reward_mean"] for r in rows[-5:]]) > rows[0]["reward_mean"] + 0.5, rows
   for key in ("kl", "clip_fraction", "samples_per_sec", "draws_per_sample", "grad_norm", "pg_loss"):
     assert all(np.isfinite(r[key]) for r in rows), key
+  # the first rollout's groups: 4 random samples each, digits 3% of the time, so rewards differ within a group
+  assert rows[0]["groups_with_signal"] > 0.5 and all(0 <= r["groups_with_signal"] <= 1 for r in rows)
+  if log_likelihood == "trajectory":  # a random byte policy: a draw's surprisal is near ln 256 (5.5 nats)
+    assert all(r["trajectory_nll"] > 0 for r in rows) and rows[0]["trajectory_nll"] > 2.0 * rows[0]["draws_per_sample"]
 
 
 @pytest.mark.slow  # a 20-step run
