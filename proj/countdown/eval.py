@@ -1,7 +1,7 @@
 """Countdown success rate of a run: one sample per held-out problem (the released sampler of the run's settings),
 checked exactly (proj/countdown/data.py).
 
-  python -m proj.countdown.eval --checkpoint=workdirs/countdown --data=data/countdown/test.jsonl
+  python -m proj.countdown.eval --checkpoint=workdirs/countdown --data=data/countdown/test.jsonl [--step=500]
   # -> prints {"success_rate", "problems"}; predictions (prompt, response, prediction, solved) to --predictions
 """
 
@@ -40,10 +40,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--predictions", default="", help="one JSON object per problem goes here ('' = not written)")
   parser.add_argument("--batch_size", type=int, default=100, help="problems sampled at once")
   parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+  parser.add_argument("--step", type=int, default=-1, help="a run's checkpoint step (-1 = the latest)")
   args = parser.parse_args(argv)
   try:
     problems = list(files.read_jsonl_records(args.data))
-    rate, records = success(dgemma.load(args.checkpoint), problems, args.batch_size, args.seed)
+    rate, records = success(dgemma.load(args.checkpoint, step=args.step), problems, args.batch_size, args.seed)
   except cli.USER_ERRORS + (ValueError, OSError) as e:
     sys.exit(f"proj.countdown.eval: {e}")
   if args.predictions:

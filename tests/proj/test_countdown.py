@@ -89,7 +89,7 @@ def test_the_configs_make_rows_that_fit(tmp_path):
 
 
 @pytest.mark.slow  # loads a run and compiles its chat generation: about 15 s on 2 cores
-def test_eval_scores_a_run_from_its_own_samples(tmp_path):
+def test_eval_scores_a_run_from_its_own_samples(tmp_path, capsys):
   """proj.countdown.eval on a random (untrained) run: every prompt gets one sample, scored by the exact checker."""
   import dgemma
   from proj.countdown import eval as countdown_eval
@@ -100,3 +100,10 @@ def test_eval_scores_a_run_from_its_own_samples(tmp_path):
   rate, records = countdown_eval.success(dgemma.load(str(tmp_path / "run")), problems, batch_size=4, seed=0)
   assert len(records) == 6 and [r["prompt"] for r in records] == [p["prompt"] for p in problems]
   assert rate == np.mean([data.check(r["prediction"].strip(), *data.parse_prompt(r["prompt"])) for r in records])
+  # the command line reads a given step, and a step the run does not hold is one line naming it
+  path = tmp_path / "test.jsonl"
+  path.write_text("".join(json.dumps(p) + "\n" for p in problems[:2]))
+  countdown_eval.main(["--checkpoint", str(tmp_path / "run"), "--data", str(path), "--step", "1", "--batch_size", "2"])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["problems"] == 2
+  with pytest.raises(SystemExit, match="proj.countdown.eval: .*7"):
+    countdown_eval.main(["--checkpoint", str(tmp_path / "run"), "--data", str(path), "--step", "7"])
