@@ -65,13 +65,13 @@ def trajectory_loss(lp_KNC, old_lp_KNC, draws_KNC, kl_KNC, advantages_N, draws_t
   objective, outside = clipped_objective(ratio, advantages_N[None, :, None], rl.clip_eps, rl.upper_clip)
   scale_N = step_weight / jnp.maximum(draws_total_N, 1.0)
   per_row = lambda x_KNC: scale_N * jnp.sum(x_KNC * draws, axis=(0, 2))
-  rows = jnp.sum((draws_total_N > 0).astype(jnp.float32))
-  pg = -jnp.sum(per_row(objective)) / jnp.maximum(rows, 1.0)
-  kl = jnp.sum(per_row(kl_KNC)) / jnp.maximum(rows, 1.0)
+  rows = jnp.maximum(jnp.sum((draws_total_N > 0).astype(jnp.float32)), 1.0)  # samples with draws (at least 1)
+  pg = -jnp.sum(per_row(objective)) / rows
+  kl = jnp.sum(per_row(kl_KNC)) / rows
   n_draws = jnp.maximum(jnp.sum(draws), 1.0)
   # the trajectory's surprisal, nats per sample (its expectation is the entropy of the draws that reach the
   # canvas): how much of a sample's randomness the policy gradient can credit to the model
-  nll = step_weight * jnp.sum(-lp_KNC * draws) / jnp.maximum(rows, 1.0)
+  nll = step_weight * jnp.sum(-lp_KNC * draws) / rows
   metrics = dict(pg_loss=pg, kl=kl, clip_fraction=jnp.sum(outside * draws) / n_draws,
                  ratio_mean=jnp.sum(ratio * draws) / n_draws, trajectory_nll=jax.lax.stop_gradient(nll))
   return pg + rl.kl_weight * kl, metrics
