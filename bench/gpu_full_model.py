@@ -61,7 +61,7 @@ from dgemma.files import write_json_atomic
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.model.qarray import QArray
 from dgemma.sampling import SamplerConfig, generate
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 
 # name -> (model.moe_impl, quant scheme); "fast" is the grouped-GEMM path of issue #17 (tokamax.ragged_dot)
 VARIANTS = {
@@ -301,7 +301,7 @@ def run_variants(variants: tuple[str, ...] = tuple(VARIANTS), preset: str = "ful
                  **{f"tokens_per_s_{s}": canvas / t[s] for s in steps}, call_s={str(s): t[s] for s in steps},
                  peak_gib_4k=None if peak is None else peak / 2**30, weight_gib=weight_bytes / 2**30,
                  bandwidth_fraction=weight_bytes / s_step / (result["copy_gb_per_s"] * 1e9),
-                 mfu=params_tool.forward_flops(cfg, canvas, prompt_len + canvas, decoder=True, sc_signal=True)
+                 mfu=model_size.forward_flops(cfg, canvas, prompt_len + canvas, decoder=True, sc_signal=True)
                  / s_step / (result["matmul_tflop_per_s"] * 1e12))
       result["variants"][name] = row
       note(f"{name}: {row['ms_per_step']:.2f} ms per step; peak with a {memory_prompt_len}-token prompt "

@@ -9,7 +9,7 @@ gradient, the non-finite guard) with the released recipe's loss (base_ce, self-c
 next-token loss), one canvas per row, bf16 compute on fp32 weights, and AdamW with clipping at 1.0 built with optax
 here (dgemma.train.optimizer's settings come from an experiment config, which needs ml_collections; the update
 costs the same). Rows are random tokens (speed does not depend on them). Per `moe_impl`: the first step (compile
-included), then the median of `reps` timed steps; `model_tflop_per_s` counts `dgemma.tools.params.train_step_flops`
+included), then the median of `reps` timed steps; `model_tflop_per_s` counts `dgemma.tools.model_size.train_step_flops`
 (6 per active parameter per token, 2 for the self-conditioning pass), `mfu` is that over a bf16 matmul's rate from
 bench/gpu_full_model.py's measurement. The loss of the steps is printed, so a broken step shows. Figures print as
 measured and the JSON (--out) is rewritten after each path. Imports only jax, flax, optax and numpy (plus configs/
@@ -38,7 +38,7 @@ from dgemma.diffusion.config import DiffusionSettings
 from dgemma.files import write_json_atomic
 from dgemma.model import ModelConfig, count_params
 from dgemma.model import moe_kernels
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 from dgemma.train import step as step_lib
 from dgemma.train.state_types import TrainState
 
@@ -122,7 +122,7 @@ def run(moe_impls: tuple[str, ...] = ("tokamax", "dense"), preset: str = "medium
       return m["loss"]
 
     sec = median_seconds(one_step, reps)
-    flops = params_tool.train_step_flops(cfg, diffusion, rows, seq_len)
+    flops = model_size.train_step_flops(cfg, diffusion, rows, seq_len)
     row = dict(moe_impl=impl, first_step_s=first_s, ms_per_step=sec * 1e3, tokens_per_s=rows * seq_len / sec,
                model_tflop_per_s=flops / sec / 1e12, mfu=flops / sec / (result["matmul_tflop_per_s"] * 1e12),
                losses=[float(x) for x in losses], compiles=step._cache_size())  # 1: no step recompiled

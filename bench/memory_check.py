@@ -29,7 +29,7 @@ from ml_collections import config_flags
 
 from dgemma import quant
 from dgemma.model import ModelConfig
-from dgemma.tools import memory, params as params_tool
+from dgemma.tools import memory, model_size
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/models/small.py", "Model preset.")
 _CONTEXT = flags.DEFINE_integer("context", 256, "KV cache slots.")
@@ -46,7 +46,7 @@ _ROW = flags.DEFINE_integer("row", -1, "Internal: measure only this program, in 
 def _programs():
   """[(name, thunk -> (fn, abstract args, estimate bytes))] in table order."""
   from configs import base
-  group = params_tool.model_group(_CONFIG.value)
+  group = model_size.model_group(_CONFIG.value)
   cfg = ModelConfig.from_config_dict(group)
   out = []
   for scheme in ("none", "int8"):

@@ -24,7 +24,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 from bench.timing import matmul_gflops, median_seconds
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/models/small.py", "Model preset (or experiment config).")
@@ -56,7 +56,7 @@ def xla_flops(jitted, *args) -> float:
 def main(argv):
   del argv
   config = _CONFIG.value
-  group = params_tool.model_group(config)
+  group = model_size.model_group(config)
   base = ModelConfig.from_config_dict(group)
   C, S = _CANVAS.value, _CONTEXT.value
   g = np.random.default_rng(1)
@@ -102,10 +102,10 @@ def main(argv):
     t0 = time.perf_counter()
     if kind == "decode":
       args = (params, canvas_1C, caches[key], sc if with_sc else None)
-      fn, n, flops = decode, C, params_tool.forward_flops(cfg, C, S + C, True, with_sc)
+      fn, n, flops = decode, C, model_size.forward_flops(cfg, C, S + C, True, with_sc)
     else:
       args = (params, ctx_1S)
-      fn, n, flops = encode, S, params_tool.forward_flops(cfg, S, S, False, False)
+      fn, n, flops = encode, S, model_size.forward_flops(cfg, S, S, False, False)
     jax.block_until_ready(fn(*args))
     compile_s = time.perf_counter() - t0
     fns.append((kind, label, n, flops, xla_flops(fn, *args), compile_s, lambda fn=fn, args=args: fn(*args)))
@@ -115,7 +115,7 @@ def main(argv):
   times = [median_seconds(call, reps) for *_, call in fns]
   peak2 = matmul_gflops(_MATMUL_N.value)  # again after: the machine is shared, bracket the measurement
   peak = (peak + peak2) / 2
-  counts = params_tool.summarize(base)
+  counts = model_size.summarize(base)
 
   print(f"command: {' '.join(sys.argv)}")
   print(f"model: {group.get('preset', '?')}  params total={counts['total'] / 1e6:.2f}M "

@@ -4,7 +4,7 @@ reading the float tree first, on a synthetic Hugging Face checkpoint of a preset
   .venv/bin/python bench/qlora_load_memory.py [--config=configs/models/medium.py] [--scheme=int4_experts]
 
 Writes a random checkpoint of the preset in bfloat16 (dgemma's HF exporter) to a temporary directory, then in a
-fresh process for each way reads it as `train.init_from` does (`dgemma.checkpoints.load_as`, float32 parameters,
+fresh process for each way reads it as `train.init_from` does (`dgemma.checkpoints.load` with the run's quantizer, float32 parameters,
 the head_only frozen base quantized): 'streamed' (the base quantized as each layer's tensor is read) and
 'float first' (the float tree read whole, then quantized). Each process reports its resident-set high-water mark
 (Linux VmHWM) less its resident set just before reading; on CPU the "device" is this host, so the figure is the
@@ -55,7 +55,7 @@ def _row(way: str, path: str) -> dict:
   import jax
   from dgemma import checkpoints, finetune, quant
   settings = _settings()
-  only = finetune.frozen_base(settings.finetune)
+  quantizer = finetune.base_quantizer(settings.finetune)
   jax.devices()
   Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
   before, anon_before = _status_kib("VmRSS"), _status_kib("RssAnon")
@@ -69,10 +69,10 @@ def _row(way: str, path: str) -> dict:
   poller = threading.Thread(target=poll, daemon=True)
   poller.start()
   if way == "streamed":
-    loaded = checkpoints.load(path, dtype="float32", base_quant=settings.base_quant, quantize_only=only)
+    loaded = checkpoints.load(path, dtype="float32", quantizer=quantizer)
   else:
     loaded = checkpoints.load(path, dtype="float32")
-    loaded = dataclasses.replace(loaded, params=quant.quantize_params(loaded.params, settings.base_quant, only))
+    loaded = dataclasses.replace(loaded, params=quantizer.params(loaded.params))
   jax.block_until_ready(loaded.params)
   done.set()
   poller.join()

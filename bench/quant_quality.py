@@ -67,7 +67,7 @@ def mean_decoder_passes(ckpt, config, qcfg, prompts: list[list[int]], canvas_len
   run.sample.quantize, run.sample.quant_group_size = qcfg.scheme, qcfg.group_size
   run.sample.early_exit = True
   settings = settings_lib.from_config(run)
-  model = api.Model(ckpt, settings, mesh_lib.make_mesh(settings.mesh.shape))
+  model = api.Model(ckpt, settings, mesh_lib.make_mesh(settings.mesh.axis_sizes))
   out = model.generate([model.tokenizer.decode(ids) for ids in prompts], max_new_tokens=canvas_len, seed=0,
                        steps=_STEPS.value, temperature=_TEMPERATURE.value)
   passes = np.asarray([g.num_forwards for g in out], np.float64)
@@ -77,19 +77,20 @@ def mean_decoder_passes(ckpt, config, qcfg, prompts: list[list[int]], canvas_len
 
 def main(argv):
   del argv
-  config = api.run_config(checkpoints.header(_WORKDIR.value, "--workdir"))
+  described = checkpoints.header(_WORKDIR.value, "--workdir")
+  config = api.run_config(described)
   if _CACHE_DIR.value:
     config.data.cache_dir = _CACHE_DIR.value
   config.diffusion.antithetic_t = True  # low-variance t over each batch (the NELBO eval setting)
   settings = settings_lib.from_config(config)
   qcfgs = {s: quant.QuantConfig(s, _GROUP.value) for s in _SCHEMES.value}
-  ckpt = checkpoints.load_workdir(_WORKDIR.value, config_json=settings.config_json)
+  ckpt = checkpoints.load(described)
   model_cfg, params, step = ckpt.model, ckpt.params, ckpt.step
   for q in qcfgs.values():
     quant.check(model_cfg, q)
   prepared = data.prepare(settings)
   eval_step = jax.jit(step_lib.make_eval_step(model_cfg, settings.diffusion))
-  sharding = mesh_lib.batch_sharding(mesh_lib.make_mesh(settings.mesh.shape), settings.mesh.axis_rules)
+  sharding = mesh_lib.batch_sharding(mesh_lib.make_mesh(settings.mesh.axis_sizes), settings.mesh.axis_rules)
   rng = jax.random.PRNGKey(123)
   prompts = validation_prompts(settings, prepared, _PROMPTS.value, _PROMPT_LEN.value)
   rows = {}

@@ -10,7 +10,7 @@ from dgemma.train import optimizer as optimizer_lib, state as state_lib, step as
 def train_step_inputs(settings):
   """(step, state, batch, rng): `step(state, batch, rng) -> (state, metrics)` jitted with the state donated
   (not yet compiled), the state initialised from PRNGKey(0), the config's first training batch on device."""
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
   optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, model_cfg=settings.model)
   step = jax.jit(step_lib.make_train_step(settings.model, settings.diffusion, optimizer,
                                           optimizer_lib.make_schedule(settings.opt, 10)), donate_argnums=(0,))

@@ -3,7 +3,7 @@
   .venv/bin/python bench/train_throughput.py --config=configs/demo.py [--steps=20]
 
 Prints tokens/s of the jitted train step (data already on device, compile excluded), the model
-FLOP rate it implies (`dgemma.tools.params.train_step_flops`: 6 x active parameters per encoder and decoder
+FLOP rate it implies (`dgemma.tools.model_size.train_step_flops`: 6 x active parameters per encoder and decoder
 token, K canvases of C tokens per row, plus 2 per parameter per canvas token for the no-grad
 self-conditioning pass when enabled; attention's score FLOPs are not counted), and that rate as a fraction of a large f32 matmul's rate
 measured in the same process (the machine's practical peak). Then, with --dots (default), the step's matmul
@@ -31,7 +31,7 @@ from bench.timing import host_cpu, matmul_gflops
 from bench.train_setup import train_step_inputs
 from dgemma import settings as settings_lib
 from dgemma.model import count_params
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Experiment config.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")
@@ -75,7 +75,7 @@ def main(argv):
   tokens = config.data.batch_size * config.data.seq_len
   counts = count_params(model_cfg)
   total, active = counts['total'], counts['active']
-  model_flops = params_tool.train_step_flops(model_cfg, settings.diffusion, config.data.batch_size, config.data.seq_len)
+  model_flops = model_size.train_step_flops(model_cfg, settings.diffusion, config.data.batch_size, config.data.seq_len)
   model_gflops = model_flops / sec_per_step / 1e9
   peak = matmul_gflops(_MATMUL_N.value)
   print(f"cpu: {host_cpu()}")

@@ -35,7 +35,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from dgemma import checkpoints, fields, files, jax_cache, quant, report, tokenizers
+from dgemma import checkpoints, files, jax_cache, quant, run_report, settings_fields, tokenizers
 from dgemma import finetune as finetune_lib
 from dgemma import data as data_lib
 from dgemma import mesh as mesh_lib
@@ -191,24 +191,21 @@ def load(path: str, *, step: Optional[int] = None, quantize: Optional[str] = Non
   if settings is None:  # every check before a weight is read
     settings = run_settings(header, config, quantize=quantize, dtype=dtype,
                             mesh=mesh if isinstance(mesh, Mapping) else None)
-  return load_with(header, settings, step=step, mesh=mesh if isinstance(mesh, jax.sharding.Mesh) else None,
-                   field=field)
+  return load_with(header, settings, step=step, mesh=mesh if isinstance(mesh, jax.sharding.Mesh) else None)
 
 
 def load_with(header: checkpoints.Checkpoint, settings: settings_lib.Settings, *, step: Optional[int] = None,
-              mesh=None, tokenizer: Optional[tokenizers.Tokenizer] = None, field: str = "path") -> "Model":
+              mesh=None, tokenizer: Optional[tokenizers.Tokenizer] = None) -> "Model":
   """The weights `header` describes, with `settings` (and the `tokenizer` already built for them, if any): what
-  `load` does once the settings are checked, for callers that hold them (sample.py's request)."""
-  jax_mesh = mesh if mesh is not None else mesh_lib.make_mesh(settings.mesh.shape)
-  if header.kind != "workdir" and step is not None and step >= 0:
-    raise CheckpointError(f"step: {header.path} is a {header.kind} checkpoint, which has no training steps")
-  want_step = settings.sample.checkpoint_step if step is None else step
+  `load` does once the settings are checked, for callers that hold them (sample.py's request). Nothing the header
+  holds is read again."""
+  jax_mesh = mesh if mesh is not None else mesh_lib.make_mesh(settings.mesh.axis_sizes)
+  source = checkpoints.at_step(header, settings.sample.checkpoint_step if step is None else step)
   # laid out as the settings' model (its dtypes and compute choices: a run's, also for the weights of a run kept
-  # elsewhere, its adapter, conversion or export), so they generate as the run does
-  # a QLoRA run (and its adapter) on the quantized base it trained against (finetune.base_quant)
-  ckpt = checkpoints.load_as(header.path, settings.model, step=want_step if header.kind == "workdir" else None,
-                             mesh=jax_mesh, axis_rules=settings.mesh.axis_rules, field=field,
-                             base_quant=settings.base_quant, quantize_only=finetune_lib.frozen_base(settings.finetune))
+  # elsewhere, its adapter, conversion or export), so they generate as the run does; a QLoRA run (and its adapter)
+  # on the quantized base it trained against (finetune.base_quant)
+  ckpt = checkpoints.load_as(source, settings.model, placement=checkpoints.Placement(jax_mesh, settings.mesh.axis_rules),
+                             quantizer=finetune_lib.base_quantizer(settings.finetune))
   return Model(ckpt, settings, jax_mesh, tokenizer=tokenizer)
 
 
@@ -307,11 +304,12 @@ class Model:
 
   def generate_ids(self, ids: list[list[int]], prompts: list[str], *, max_new_tokens: Optional[int] = None,
                    steps: Optional[int] = None, seed: Optional[int] = None, return_trajectory: bool = False,
-                   on_step=None, on_canvas=None, **overrides) -> list[Generation]:
+                   on_step=None, on_canvas=None, checked: bool = False, **overrides) -> list[Generation]:
     """Generation from token ids (the shared body of generate, chat, sample.py and eval/): `ids` one list per
     row, `prompts` the text reported with each row; None = the setting. The batch and the prompt length are
     padded to a few sizes (`dgemma.sampling.generation.bucketed_shape`), so prompts of new lengths reuse
-    compiled programs; the tokens are those of the unpadded request."""
+    compiled programs; the tokens are those of the unpadded request. The request (positions, free memory) is
+    checked once, here, unless the caller did (`checked`: sample.py checks it before reading a weight)."""
     if not ids:
       raise ValueError("prompts: need at least one prompt")
     streaming = on_step is not None or on_canvas is not None
@@ -319,12 +317,12 @@ class Model:
                             live=streaming and not self.objective.autoregressive, **overrides)
     rows, pad = len(ids), self.tokenizer.pad_id
     prompt_len = max(len(x) for x in ids)
-    if not self.objective.autoregressive:
+    if not self.objective.autoregressive and not checked:
       check_request(st.canvas_sampler, batch=rows, prompt_len=prompt_len, max_new_tokens=st.sample.max_new_tokens,
                     model_cfg=self.model_cfg)
     batch, length = bucketed_shape(batch=rows, prompt_len=prompt_len, max_new_tokens=st.sample.max_new_tokens,
                                    canvas_len=1 if self.objective.autoregressive else st.diffusion.canvas_len,
-                                   max_context=st.sample.sampler.max_context)
+                                   max_context=st.sample.max_context)
     lengths_B = np.ones((batch,), np.int32)  # padding rows: one token, and they start ended
     prompts_BP = np.full((batch, length), pad, np.int32)
     for b, x in enumerate(ids):
@@ -337,15 +335,15 @@ class Model:
       if self.objective.autoregressive:
         tokens_BN, lengths_out_B = jax.device_get(ar_generate(
             model, self.params, prompts_BP, lengths_B, rng, st.sample.max_new_tokens, st.eval.ar_temperature,
-            st.sample.end_ids, pad_id=pad))
+            st.end_ids, pad_id=pad))
         passes_B = np.maximum(lengths_out_B, 1)
-        end_ids = st.sample.end_ids
+        end_ids = st.end_ids
       else:
         sampler = st.canvas_sampler
         streamer = _Streamer(self.tokenizer.decode, sampler.end_ids, on_step, on_canvas, rows) if streaming else None
         out = jax.device_get(generate(model, self.params, prompts_BP, lengths_B, sampler, rng,
                                       st.sample.max_new_tokens, return_trajectory=return_trajectory,
-                                      step_callback=streamer, row_active_B=np.arange(batch) < rows))
+                                      step_callback=streamer, row_active_B=np.arange(batch) < rows, check=False))
         if streamer is not None:
           streamer.flush()
         tokens_BN, lengths_out_B, passes_B = out.tokens_BN, out.lengths_B, out.num_forwards_B
@@ -381,7 +379,7 @@ class Model:
     with mesh_lib.mesh_context(self.mesh, st.mesh.axis_rules):
       out = likelihood.score_documents(self.params, self.model_cfg, st.diffusion, st.eval, docs,
                                        seq_len=st.data.seq_len, pad_id=self.tokenizer.pad_id,
-                                       max_positions=st.sample.sampler.max_context)
+                                       max_positions=st.sample.max_context)
     return {"checkpoint": self.path, "step": self.step, **out}
 
 
@@ -394,7 +392,7 @@ def call_settings(settings: settings_lib.Settings, *, max_new_tokens: Optional[i
   themselves, not checked again."""
   dotted = call_overrides(settings.objective.autoregressive, max_new_tokens=max_new_tokens, steps=steps, seed=seed,
                           temperature=temperature, live=live, **sample_overrides)
-  current = fields.flat(settings)
+  current = settings_fields.flat(settings)
   dotted = {key: value for key, value in dotted.items() if key not in current or current[key] != value}
   return settings.replace(**dotted) if dotted else settings
 
@@ -523,16 +521,17 @@ def sample_command(checkpoint: str, config: Optional[ml_collections.ConfigDict] 
   texts = [x if isinstance(x, str) else x[-1]["content"] for x in items]
   if st.sample.infill:
     raise ConfigError("sample.infill: sample.py does not infill; use dgemma.sampling.generate(..., infill_tokens_BN, "
-                      "infill_mask_BN) or eval.sudoku")
-  if not st.objective.autoregressive:  # the prompts against sample.max_context and the free memory
+                      "infill_mask_BN) (a study's eval infills its own way)")
+  if not st.objective.autoregressive:  # the prompts against sample.max_context and the free memory, once
     check_request(st.canvas_sampler, batch=len(ids), prompt_len=max(len(x) for x in ids),
-                  max_new_tokens=st.sample.max_new_tokens, model_cfg=header.model)
-  model = load_with(header, st, step=step, tokenizer=tokenizer, field=checkpoints.CHECKPOINT_FLAG)
-  live = st.sample.sampler.show == "live" and not model.objective.autoregressive
-  printer = LivePrinter(model.tokenizer.decode, texts, total_steps=st.sample.sampler.max_denoising_steps,
-                        end_ids=st.sample.end_ids) if live else None
+                  max_new_tokens=st.sample.max_new_tokens, model_cfg=st.model)
+  model = load_with(header, st, step=step, tokenizer=tokenizer)
+  live = st.sample.show == "live" and not model.objective.autoregressive
+  printer = LivePrinter(model.tokenizer.decode, texts, total_steps=st.sample.max_denoising_steps,
+                        end_ids=st.end_ids) if live else None
   start = time.perf_counter()
-  results = model.generate_ids(ids, texts, return_trajectory=bool(st.sample.trajectory_html), on_step=printer)
+  results = model.generate_ids(ids, texts, return_trajectory=bool(st.sample.trajectory_html), on_step=printer,
+                               checked=True)
   seconds = time.perf_counter() - start
   lines = []
   for b, r in enumerate(results):
@@ -556,6 +555,6 @@ def write_trajectory_html(trajectory: dict, tokenizer, path: str, prompt: str = 
   """Renders one canvas step by step (a Generation.trajectory): the tokens each step produced, accepted
   ones highlighted."""
   pieces = [[tokenizer.decode([int(t)]) or "\u00b7" for t in step] for step in trajectory["tokens"]]
-  html = report.trajectory_html(pieces, trajectory["accepted"], trajectory["entropy"],
+  html = run_report.trajectory_html(pieces, trajectory["accepted"], trajectory["entropy"],
                                 title="dgemma: one canvas being denoised", prompt=prompt)
   files.write_text_atomic(path, html)

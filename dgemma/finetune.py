@@ -23,8 +23,7 @@ into its base weights.
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any, Optional
 
 import flax
 import jax
@@ -100,12 +99,16 @@ def frozen_base(finetune):
   return lambda names: label(tuple(names), finetune) == FROZEN
 
 
-def base_quantizer(base_quant, finetune) -> Callable[[Any], Any]:
-  """boxed params -> the same with the frozen base quantized (finetune.base_quant: QLoRA, `quant.quantize_boxed`
-  of the leaves `frozen_base` picks); the identity without base quantization (`base_quant` None or 'none')."""
-  if base_quant is None or base_quant.scheme == "none":
-    return lambda boxed: boxed
-  return functools.partial(quant.quantize_boxed, qcfg=base_quant, only=frozen_base(finetune))
+def base_quantizer(finetune) -> Optional[quant.Quantizer]:
+  """How a QLoRA run (finetune.base_quant) holds its frozen base: the per-tensor transform that quantizes the leaves
+  `frozen_base` picks as finetune.base_quant / base_quant_group_size say (the embedding included; its own keys, not
+  sample.quant's, so sampling a run with other quantization settings keeps the base it trained against). None
+  without base quantization."""
+  if finetune is None or finetune.base_quant == "none":
+    return None
+  config = quant.QuantConfig(finetune.base_quant, finetune.base_quant_group_size, embedding=True,
+                             group_field="finetune.base_quant_group_size")
+  return quant.Quantizer(config, frozen_base(finetune))
 
 
 def param_labels(params: Any, finetune) -> Any:

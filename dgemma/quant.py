@@ -1,7 +1,8 @@
 """Weight-only int8 / int4 quantization of a dgemma parameter tree, applied at load time.
 
   qcfg = settings.sample.quant                    # sample.quantize / quant_group_size / quantize_embedding
-  qparams = quantize_params(params, qcfg)         # the single entry point (sampling, eval, benchmarks)
+  qparams = quantize_params(params, qcfg)         # a whole tree (sampling, eval, benchmarks)
+  Quantizer(qcfg, only)(key_path, w)              # one tensor: the transform a checkpoint reader streams with
   Transformer(cfg).apply({'params': qparams}, ...)  # the model dequantizes each weight where it is used
 
 Scheme (symmetric, round-to-nearest, no zero point):
@@ -38,23 +39,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dgemma import fields
 from dgemma.errors import ConfigError
-from dgemma.fields import setting
-from dgemma.model import lora, param_shapes, sharding
-from dgemma.model import qarray
+from dgemma.model import lora, param_shapes, qarray, sharding
 from dgemma.model.qarray import QArray, dequantize, is_quantized, take_rows
 
 # The quantized weight type and its helpers live beside the layers that read them (dgemma/model/qarray.py).
-__all__ = ["QArray", "QuantConfig", "SCHEMES", "check", "contracted_axes", "dequantize", "is_quantized",
-           "leaf_plan", "quantize_array", "quantize_boxed", "quantize_leaf", "quantize_params", "same_layout", "stack", "take_rows", "tree_bytes"]
+__all__ = ["QArray", "QuantConfig", "Quantizer", "SCHEMES", "check", "contracted_axes", "dequantize", "is_quantized",
+           "leaf_plan", "quantize_array", "quantize_boxed", "quantize_leaf", "quantize_params", "same_layout", "stack",
+           "take_rows", "tree_bytes"]
 
 SCHEMES = ("none", "int8", "int4", "int4_experts")
 _QMAX = {"int8": 127, "int4": 7}
@@ -63,18 +62,19 @@ _QDTYPE = {"int8": jnp.int8, "int4": jnp.int4}
 
 @dataclasses.dataclass(frozen=True)
 class QuantConfig:
-  """Weight-only quantization at load: the sample.quantize / quant_group_size / quantize_embedding keys."""
-  GROUP: ClassVar[str] = "sample"
-  scheme: str = setting("none", "'none' | 'int8' (one scale per output channel) | 'int4' (one scale per group of "
-                        "quant_group_size inputs) | 'int4_experts' (experts int4, everything else int8)",
-                        choices=SCHEMES, key="quantize")
-  group_size: int = setting(64, "int4 group along the contracted axis (0 = per output channel); must divide it",
-                            lo=0, key="quant_group_size")
-  embedding: bool = setting(True, "also quantize the tied embedding / output table (per-row scales)",
-                            key="quantize_embedding")
+  """How weights are quantized: a runtime record of the keys that describe it (sample.quantize /
+  sample.quant_group_size / sample.quantize_embedding for sampling, `SampleSettings.quant`; finetune.base_quant /
+  base_quant_group_size for a QLoRA run's frozen base, `dgemma.finetune.base_quantizer`). `group_field`: the key a
+  group size that does not divide a weight is reported under."""
+  scheme: str = "none"
+  group_size: int = 64
+  embedding: bool = True
+  group_field: str = dataclasses.field(default="sample.quant_group_size", compare=False)
 
   def __post_init__(self):
-    fields.check(self)
+    if self.scheme not in SCHEMES or not (isinstance(self.group_size, int) and self.group_size >= 0):
+      raise ValueError(f"QuantConfig: scheme must be one of {SCHEMES} and group_size an integer >= 0, got "
+                       f"{self.scheme!r}, {self.group_size!r}")
 
 
 def contracted_axes(path: tuple[str, ...], ndim: int, embedding: bool = True) -> tuple[int, ...] | None:
@@ -109,10 +109,7 @@ def leaf_scheme(scheme: str, path: tuple[str, ...]) -> str:
   return scheme
 
 
-GROUP_FIELD = "sample.quant_group_size"
-
-
-def _num_groups(size: int, group_size: int, scheme: str, name: str, field: str = GROUP_FIELD) -> int:
+def _num_groups(size: int, group_size: int, scheme: str, name: str, field: str = "sample.quant_group_size") -> int:
   if scheme == "int8" or group_size == 0 or group_size >= size:
     return 1
   if size % group_size:
@@ -146,19 +143,18 @@ def _path_names(path) -> tuple[str, ...]:
 
 
 def leaf_plan(names: tuple[str, ...], shape: tuple[int, ...], qcfg: QuantConfig,
-              only: Optional[Callable[[tuple[str, ...]], bool]] = None,
-              field: str = GROUP_FIELD) -> Optional[tuple[tuple[int, ...], str]]:
+              only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Optional[tuple[tuple[int, ...], str]]:
   """(contracted axes, 'int8' | 'int4') of the weight at key path `names` under `qcfg`, or None when it stays
   unquantized. `shape` may lack a stacked leading 'layers' axis (one layer's slice quantizes as its slice of the
-  stacked weight would). Raises ConfigError naming `field` (the group size's key) for a group that does not
-  divide."""
+  stacked weight would). Raises ConfigError naming qcfg.group_field (the group size's key) for a group that does
+  not divide."""
   if qcfg.scheme == "none" or (only is not None and not only(tuple(names))):
     return None
   axes = contracted_axes(tuple(names), len(shape), qcfg.embedding)
   if axes is None:
     return None
   scheme = leaf_scheme(qcfg.scheme, tuple(names))
-  _num_groups(shape[axes[-1]], qcfg.group_size, scheme, "/".join(names), field)
+  _num_groups(shape[axes[-1]], qcfg.group_size, scheme, "/".join(names), qcfg.group_field)
   return axes, scheme
 
 
@@ -170,8 +166,7 @@ def quantize_leaf(names: tuple[str, ...], w: Any, qcfg: QuantConfig,
   return w if plan is None else quantize_array(w, plan[0], plan[1], int(qcfg.group_size), "/".join(names))
 
 
-def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple[str, ...]], bool]] = None,
-                    field: str = GROUP_FIELD) -> Any:
+def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Any:
   """The params tree with every quantizable weight replaced by a `QArray` (others unchanged). `only(key path)`
   picks the weights that may be quantized (a fine-tuning run's frozen base: `dgemma.finetune.frozen_base`);
   leaves that are already `QArray`s stay as they are.
@@ -179,14 +174,14 @@ def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tup
   Leaves may be numpy (e.g. `dgemma.checkpoints.params.load_params`) or jax arrays; each weight is quantized by
   its own jitted call, so peak memory is the input tree plus one weight's temporaries. Under
   `jax.eval_shape` it gives the quantized tree's shapes without allocating (dgemma.tools.memory).
-  Bad group sizes raise ConfigError naming `field` (sample.quant_group_size) before any weight is touched.
+  Bad group sizes raise ConfigError naming qcfg.group_field before any weight is touched.
   """
   if qcfg.scheme == "none":
     return params
   plan = {}  # every weight's (axes, scheme), validated before any work
   for path, leaf in jax.tree_util.tree_leaves_with_path(params, is_leaf=is_quantized):
     names = _path_names(path)
-    axes_scheme = None if is_quantized(leaf) else leaf_plan(names, np.shape(leaf), qcfg, only, field)
+    axes_scheme = None if is_quantized(leaf) else leaf_plan(names, np.shape(leaf), qcfg, only)
     if axes_scheme is not None:
       plan[names] = axes_scheme
 
@@ -224,11 +219,36 @@ def quantize_boxed(boxed: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple
   return jax.tree.map(rebox, boxed, quantized, is_leaf=is_box)
 
 
-def check(model_cfg, qcfg: QuantConfig, field: str = GROUP_FIELD) -> None:
-  """Raises ConfigError (naming `field`, the group size's key) if `qcfg` cannot quantize this architecture;
-  shapes only, nothing is allocated: call it before reading a checkpoint."""
+def check(model_cfg, qcfg: QuantConfig) -> None:
+  """Raises ConfigError (naming qcfg.group_field, the group size's key) if `qcfg` cannot quantize this
+  architecture; shapes only, nothing is allocated: call it before reading a checkpoint."""
   if qcfg.scheme != "none":
-    jax.eval_shape(lambda p: quantize_params(p, qcfg, field=field), param_shapes(model_cfg))
+    jax.eval_shape(lambda p: quantize_params(p, qcfg), param_shapes(model_cfg))
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantizer:
+  """A per-tensor transform: the weights `only(key path)` picks (all when None) quantized as `config` says, the
+  others returned as they are. What a checkpoint reader applies to each tensor as it streams (so the float tree
+  never exists) and what a train state applies to its frozen base (QLoRA, `dgemma.finetune.base_quantizer`)."""
+  config: QuantConfig
+  only: Optional[Callable[[tuple[str, ...]], bool]] = None
+
+  def __call__(self, names: tuple[str, ...], w: Any) -> Any:
+    """One weight, or one layer's slice of a stacked weight (`quantize_leaf`)."""
+    return quantize_leaf(tuple(names), w, self.config, self.only)
+
+  def plan(self, names: tuple[str, ...], shape: tuple[int, ...]) -> Optional[tuple[tuple[int, ...], str]]:
+    """`leaf_plan`: None for a weight this transform leaves as it is."""
+    return leaf_plan(tuple(names), shape, self.config, self.only)
+
+  def params(self, params: Any) -> Any:
+    """A whole params tree (`quantize_params`)."""
+    return quantize_params(params, self.config, self.only)
+
+  def boxed(self, boxed: Any) -> Any:
+    """A boxed params tree or its shapes (`quantize_boxed`): the layout a model's quantized tree is placed as."""
+    return quantize_boxed(boxed, self.config, self.only)
 
 
 def stack(pieces: list[QArray]) -> QArray:

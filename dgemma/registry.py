@@ -1,5 +1,5 @@
-"""What the registries (data sources, rewards, eval metrics) share: a study's records registered by importing its
-module, and a user's function named by 'module.path:function'."""
+"""What the registries (data sources, rewards, eval metrics, settings groups) share: a study's records registered by
+importing the modules its config names (`imports`), and a user's function named by 'module.path:function'."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ from typing import Callable, Sequence
 from dgemma.errors import ConfigError
 
 
-def import_studies(modules: Sequence[str]) -> None:
-  """Imports each study module (which registers its records); a study that is not installed (dgemma without its
-  proj/ folder) is left out, while an error inside an installed one is raised."""
+def import_modules(modules: Sequence[str], field: str) -> None:
+  """Imports each module (a study's, which registers its records when imported); one that cannot be found is an
+  error naming `field`, while an error inside one that exists is raised as it is."""
   for module in modules:
     try:
       importlib.import_module(module)
     except ModuleNotFoundError as e:
       if not module.startswith(str(e.name)):
         raise
+      raise ConfigError(f"{field}: cannot import {module!r} ({e}; a study's modules import from the repository "
+                        "root)") from e
 
 
 def load_function(path: str, field: str) -> Callable:

@@ -10,6 +10,7 @@ Special ids follow Gemma: PAD 0, EOS 1, BOS 2, UNK 3.
 from __future__ import annotations
 
 import abc
+import functools
 import io
 import logging
 import os
@@ -207,12 +208,20 @@ def end_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
 
 def load_tokenizer_file(path: str | os.PathLike[str]) -> Tokenizer:
   """Loads an existing tokenizer file: a SentencePiece model (e.g. Gemma's tokenizer.model) or, for a
-  `.json` file, a Hugging Face tokenizer.json."""
+  `.json` file, a Hugging Face tokenizer.json. Read once per process while the file is unchanged (the settings'
+  end ids and a loaded model share one read)."""
   if not str(path):
     raise FileNotFoundError("data.tokenizer.path is empty; set it to a SentencePiece .model or a tokenizer.json file")
   if not Path(path).is_file():
     raise FileNotFoundError(f"data.tokenizer.path: {path} does not exist")
-  return JsonTokenizer(path) if str(path).endswith(".json") else SentencePieceTokenizer(path)
+  stat = os.stat(path)
+  return _read_tokenizer_file(str(Path(path).absolute()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_tokenizer_file(path: str, mtime_ns: int, size: int) -> Tokenizer:
+  del mtime_ns, size  # the cache key: a rewritten file is read again
+  return JsonTokenizer(path) if path.endswith(".json") else SentencePieceTokenizer(path)
 
 
 def _training_lines(texts: Iterable[str]) -> Iterator[str]:

@@ -7,7 +7,7 @@
 Interface (an ablation config's `get_config()` returns a ConfigDict with these fields):
   base        str: the run config every setting starts from, a config file ('configs/demo.py', or
               'file.py:arg' for a get_config(arg)).
-  checkpoint  str: a trained run of `base` (training workdir or params checkpoint, eval/checkpoints.py)
+  checkpoint  str: a trained run of `base` (any checkpoint kind dgemma.load reads, dgemma/checkpoints/)
               for the settings that change only evaluation keys; '' = train `base` (+ `overrides`) into
               out_dir/runs/base first.
   overrides   tuple of (dotted key, value) pairs applied to `base` before every setting (e.g. fewer samples);
@@ -15,7 +15,8 @@ Interface (an ablation config's `get_config()` returns a ConfigDict with these f
   settings    tuple of (name, group, overrides): one CSV row each, overrides as (dotted key, value) pairs;
               `group` names the line the point belongs to in the plots (e.g. the sampler), so a sweep can
               draw several curves.
-  metric      str: a name in METRICS ('samples', 'likelihood', 'sudoku', ...) or 'package.module:function'.
+  metric      str: a name in METRICS ('samples', 'likelihood') or 'package.module:function' (a study's:
+              'proj.sudoku.eval:ablation_metrics').
   plots       tuple of (x column, y column, file name): one PNG each, one line per group, points in
               settings order.
   out_dir     str: results.csv, results.json (rows + the exact config) and the PNGs go here.
@@ -43,7 +44,7 @@ from typing import Any, Callable, Union
 import ml_collections
 
 import dgemma
-from dgemma import api, checkpoints, files, registry, report
+from dgemma import api, checkpoints, files, registry, run_report
 from dgemma import settings as settings_lib
 from dgemma.errors import ConfigError
 from dgemma.tools import cli
@@ -55,7 +56,6 @@ MetricFn = Callable[[dgemma.Model], dict]
 METRICS: dict[str, Union[str, MetricFn]] = {
     "samples": "eval.samples:ablation_metrics",
     "likelihood": "eval.likelihood:ablation_metrics",
-    "sudoku": "proj.sudoku.eval:ablation_metrics",
 }
 
 ABLATION_FIELDS = ("base", "checkpoint", "overrides", "settings", "metric", "plots", "out_dir")
@@ -189,7 +189,7 @@ def write_results(rows: list[dict], ablation: ml_collections.ConfigDict, out_dir
   files.write_text_atomic(out_dir / "results.json", json.dumps(
       {"ablation": json.loads(ablation.to_json_best_effort()), "rows": rows}, indent=2, default=str) + "\n")
   for x, y, png in ablation.plots:
-    report.plot_sweep(rows, str(x), str(y), out_dir / str(png), title=f"{Path(str(ablation.out_dir)).name}: {y} vs {x}")
+    run_report.plot_sweep(rows, str(x), str(y), out_dir / str(png), title=f"{Path(str(ablation.out_dir)).name}: {y} vs {x}")
 
 
 def main(argv):

@@ -22,7 +22,7 @@ from pathlib import Path
 from absl import flags
 
 import dgemma
-from dgemma import files, report
+from dgemma import files, run_report
 from dgemma.checkpoints import workdir as workdir_lib
 from dgemma.data import builder as builder_lib
 from proj.markov import data as markov
@@ -98,7 +98,7 @@ def plot(rows: list[dict], truth_bpb: float | None, out_png: Path) -> None:
   ax.set_xlabel("training minutes (this CPU)")
   ax.set_ylabel("bits per byte (bound / exact NLL)")
   ax.legend(fontsize=7)
-  report.save_figure(fig, out_png)
+  run_report.save_figure(fig, out_png)
 
 
 def main(argv):

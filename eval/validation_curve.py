@@ -22,7 +22,7 @@ from typing import Optional
 
 from absl import flags
 
-from dgemma import files, report
+from dgemma import files, run_report
 from dgemma.errors import ConfigError
 from dgemma.tools import cli
 from dgemma.train import metrics as metrics_lib
@@ -86,7 +86,7 @@ def main(argv):
     writer = csv.DictWriter(f, fieldnames=["run", "step", "minutes", metric])
     writer.writeheader()
     writer.writerows(rows)
-  report.plot_sweep([dict(r, group=r["run"]) for r in rows], "step", metric, out_dir / f"{metric}_vs_steps.png",
+  run_report.plot_sweep([dict(r, group=r["run"]) for r in rows], "step", metric, out_dir / f"{metric}_vs_steps.png",
                     title=f"validation {metric} during training")
   print(json.dumps(summary, indent=2))
   print(f"wrote {out_dir}/validation.json, validation.csv and {metric}_vs_steps.png")

@@ -2,6 +2,7 @@
 the lower-level functions on the same params and key; the tokenizer that belongs to the weights; sample.py
 on a converted checkpoint end to end."""
 
+import collections
 import json
 import os
 import subprocess
@@ -85,7 +86,7 @@ def _bucketed(model, ids, max_new_tokens):
   plumbing is compared with the low-level generate on the same shapes, so fp32 results are equal exactly."""
   batch, length = bucketed_shape(batch=len(ids), prompt_len=max(map(len, ids)), max_new_tokens=max_new_tokens,
                                  canvas_len=model.settings.diffusion.canvas_len,
-                                 max_context=model.settings.sample.sampler.max_context)
+                                 max_context=model.settings.sample.max_context)
   out = np.full((batch, length), model.tokenizer.pad_id, np.int32)
   out[:, 0] = model.tokenizer.bos_id
   lengths = np.ones((batch,), np.int32)
@@ -101,7 +102,7 @@ def test_loads_an_hf_directory_directly_and_converted_with_its_tokenizer(loaded)
   for model in (direct, converted):
     assert isinstance(model.tokenizer, tokenizers.SentencePieceTokenizer)
     assert model.settings.diffusion.canvas_len == 8  # the HF config's canvas length
-    assert model.settings.sample.end_ids == (1, model.tokenizer.piece_id(tokenizers.TURN_END))  # EOS and <turn|>
+    assert model.settings.end_ids == (1, model.tokenizer.piece_id(tokenizers.TURN_END))  # EOS and <turn|>
   for a, b in zip(jax.tree.leaves(direct.params), jax.tree.leaves(converted.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -113,7 +114,7 @@ def test_generate_a_batch_of_prompts_equals_the_low_level_generate(loaded):
   outs = model.generate(prompts, max_new_tokens=16, steps=3, seed=7)
   ids = [model.prompt_ids(p) for p in prompts]
   prompts_BP, lengths_B, active_B = _bucketed(model, ids, 16)
-  sampler = model.call_settings(max_new_tokens=16, steps=3).sample.sampler
+  sampler = model.call_settings(max_new_tokens=16, steps=3).canvas_sampler
   ref = jax.device_get(generate(Transformer(model.model_cfg), model.params, prompts_BP, lengths_B, sampler,
                                 jax.random.key(7), 16, row_active_B=active_B))
   for b, out in enumerate(outs):
@@ -134,7 +135,7 @@ def test_chat_renders_turns_and_equals_the_low_level_generate(loaded):
   ids = sft.render_turns(model.tokenizer, [["user", "speak of love"], ["model", "thou art fair"], ["user", "and death?"]])
   assert ids.count(start) == 4 and ids.count(end) == 3  # three closed turns, the model's opened
   assert model.chat_ids(conversation) == ids
-  sampler = model.call_settings(max_new_tokens=16, steps=3).sample.sampler
+  sampler = model.call_settings(max_new_tokens=16, steps=3).canvas_sampler
   ref = jax.device_get(generate(Transformer(model.model_cfg), model.params, *_bucketed(model, [ids], 16)[:2],
                                 sampler, jax.random.key(1), 16))
   assert out.token_ids == ref.tokens_BN[0, :ref.lengths_B[0]].tolist()
@@ -241,7 +242,10 @@ def test_a_run_is_loaded_with_its_own_tokenizer_without_building_data(tmp_path, 
   assert (tmp_path / "wd" / "tokenizer.model").is_file()
   from dgemma import data
   monkeypatch.setattr(data, "prepare", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built the dataset")))
+  counts = _count_request(monkeypatch)
   model = dgemma.load(str(tmp_path / "wd"))
+  model.generate("the king", max_new_tokens=model.settings.sample.max_new_tokens)
+  assert counts == {"settings": 1, "check_request": 1, "tokenizer": 1, "config.json": 1}, counts  # one request
   assert isinstance(model.tokenizer, tokenizers.SentencePieceTokenizer) and model.step == 1
   assert model.tokenizer.encode("the king") == tokenizers.SentencePieceTokenizer(
       tmp_path / "wd" / "tokenizer.model").encode("the king")
@@ -257,7 +261,7 @@ def test_an_autoregressive_model_generates_with_the_ar_decoder(loaded):
   ids = model.prompt_ids("the king")
   tokens, lengths = jax.device_get(ar_generate(Transformer(model.model_cfg), model.params, np.asarray([ids]),
                                                np.asarray([len(ids)]), jax.random.key(0), 6, 0.0,
-                                               model.settings.sample.end_ids, pad_id=model.tokenizer.pad_id))
+                                               model.settings.end_ids, pad_id=model.tokenizer.pad_id))
   assert out.token_ids == tokens[0, :lengths[0]].tolist() and out.num_forwards == len(out.token_ids)
 
 
@@ -386,11 +390,13 @@ def test_sample_command_prints_a_chat_reply_on_its_own_line_and_writes_what_is_a
   assert record["seconds_per_prompt"] > 0 and "seconds" not in record
 
 
-def test_a_sample_request_checks_reads_and_builds_once(loaded, monkeypatch):
-  # one sample.py request: the settings checked once, the checkpoint's header read once, the tokenizer built once
-  _, _, path = loaded
-  counts = {"settings": 0, "header": 0, "tokenizer": 0}
-  post_init, header, tokenizer_for = settings_lib.Settings.__post_init__, checkpoints.header, api.tokenizer_for
+def _count_request(monkeypatch) -> collections.Counter:
+  """Counts what a request does: Settings built (each runs its checks), generation requests checked, tokenizer files
+  read, and each JSON file opened (by name)."""
+  import builtins
+  import io
+  from dgemma.sampling import generation
+  counts = collections.Counter()
 
   def counting(name, fn):
     def wrapped(*args, **kwargs):
@@ -398,8 +404,34 @@ def test_a_sample_request_checks_reads_and_builds_once(loaded, monkeypatch):
       return fn(*args, **kwargs)
     return wrapped
 
-  monkeypatch.setattr(settings_lib.Settings, "__post_init__", counting("settings", post_init))
-  monkeypatch.setattr(checkpoints, "header", counting("header", header))
-  monkeypatch.setattr(api, "tokenizer_for", counting("tokenizer", tokenizer_for))
+  real_open = io.open
+
+  def counting_open(file, *args, **kwargs):
+    if str(file).endswith(".json"):
+      counts[Path(file).name] += 1
+    return real_open(file, *args, **kwargs)
+
+  monkeypatch.setattr(settings_lib.Settings, "__post_init__", counting("settings", settings_lib.Settings.__post_init__))
+  monkeypatch.setattr(api, "check_request", counting("check_request", api.check_request))
+  monkeypatch.setattr(generation, "check_request", counting("check_request", generation.check_request))
+  monkeypatch.setattr(tokenizers.SentencePieceTokenizer, "__init__",
+                      counting("tokenizer", tokenizers.SentencePieceTokenizer.__init__))
+  monkeypatch.setattr(io, "open", counting_open)
+  monkeypatch.setattr(builtins, "open", counting_open)
+  tokenizers._read_tokenizer_file.cache_clear()  # pylint: disable=protected-access  (a fresh process reads it once)
+  return counts
+
+
+def test_a_sample_request_checks_reads_and_builds_once(loaded, monkeypatch):
+  """One request (sample.py's; dgemma.load + generate) builds its Settings once, checks the request once, and reads
+  each of the checkpoint's JSON files and its tokenizer once."""
+  _, _, path = loaded  # a params checkpoint with its tokenizer and the HF config it was converted from
+  counts = _count_request(monkeypatch)
   api.sample_command(str(path), steps=2, seed=1, temperature=0.7, print_fn=lambda *_: None)
-  assert counts == {"settings": 1, "header": 1, "tokenizer": 1}
+  assert counts == {"settings": 1, "check_request": 1, "tokenizer": 1, "model_config.json": 1,
+                    "hf_config.json": 1}, counts
+  counts = _count_request(monkeypatch)
+  model = dgemma.load(str(path))
+  model.generate("the king", max_new_tokens=model.settings.sample.max_new_tokens, seed=0)
+  assert counts == {"settings": 1, "check_request": 1, "tokenizer": 1, "model_config.json": 1,
+                    "hf_config.json": 1}, counts

@@ -13,7 +13,7 @@ import pytest
 from configs import pretrain_small, sft_jsonl
 from proj.sudoku.configs import sudoku_gpu
 from dgemma import settings as settings_lib
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 from dgemma.train import loop
 from tests.data.test_sft import write_sft_file
 
@@ -45,7 +45,7 @@ def test_full_size_configs_validate():
   assert config.data.files == ("a.jsonl", "b.jsonl") and settings_lib.from_config(config).model.d_model == 256
   gpu = settings_lib.from_config(sudoku_gpu.get_config())  # the GPU Sudoku run (docs/experiments/sudoku.md): 4 + 2 layers, ~6M
   assert gpu.data.batch_size == 256 and gpu.model.decoder_head_layers == 2
-  assert 5.5e6 < params_tool.count_params(gpu.model)["total"] < 6.5e6
+  assert 5.5e6 < model_size.count_params(gpu.model)["total"] < 6.5e6
 
 
 def test_pretrain_small_block_causal_runs(tmp_path, corpus_file):

@@ -72,7 +72,7 @@ def test_adapter_gradients_equal_those_of_the_dequantized_float_model(scheme, mo
   batch = random_rows(settings.model.vocab_size, 2, 24)
   with float64():
     params = jax.tree.map(jnp.asarray, to_f64(random_params(settings.model)))  # B != 0: A gets a gradient too
-    qparams = quant.quantize_params(params, settings.base_quant, finetune.frozen_base(settings.finetune))
+    qparams = finetune.base_quantizer(settings.finetune).params(params)
     quantized = [k for k, v in flax.traverse_util.flatten_dict(qparams).items() if quant.is_quantized(v)]
     dequantized = jax.tree.map(quant.dequantize, qparams, is_leaf=quant.is_quantized)
     g_quant = _trained_grads(settings, qparams, batch)
@@ -106,11 +106,9 @@ def test_the_state_holds_the_base_quantized_once_and_no_optimizer_state_for_it()
   mesh = jax.sharding.AbstractMesh((1, 1, 1, 1), ("data", "fsdp", "expert", "tensor"))
   optimizer = optimizer_lib.make_optimizer(settings.opt, 10, settings.finetune, settings.model)
   _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer,
-                                                  settings.base_quant, settings.finetune)
+                                                  finetune.base_quantizer(settings.finetune))
   flat = flax.traverse_util.flatten_dict(abstract.params)
-  quantized = jax.eval_shape(lambda p: quant.quantize_params(p, settings.base_quant,
-                                                             finetune.frozen_base(settings.finetune)),
-                             param_shapes(settings.model))
+  quantized = jax.eval_shape(finetune.base_quantizer(settings.finetune).params, param_shapes(settings.model))
   expected_q = {k for k, v in flax.traverse_util.flatten_dict(quantized).items() if quant.is_quantized(v)}
   assert {k for k, v in flat.items() if quant.is_quantized(v)} == expected_q
   experts = [k for k in expected_q if "experts" in k]
@@ -155,8 +153,7 @@ def test_qlora_run_resumes_exactly_keeps_its_base_and_loads_on_it(tiny_config, t
                                   np.asarray(b, np.float32) if b.dtype == jnp.int4 else b)
 
   settings = settings_lib.from_config(config)
-  want = quant.quantize_params(jax.tree.map(jnp.asarray, base), settings.base_quant,
-                               finetune.frozen_base(settings.finetune))
+  want = finetune.base_quantizer(settings.finetune).params(jax.tree.map(jnp.asarray, base))
   want = {k: v for k, v in flax.traverse_util.flatten_dict(want).items() if quant.is_quantized(v)}
   got = flax.traverse_util.flatten_dict(jax.device_get(resumed.params))
   for k, w in want.items():
@@ -221,10 +218,10 @@ def test_a_base_read_for_qlora_is_quantized_as_it_streams_to_the_same_bits(kind,
     params_ckpt.save_params(path, jax.device_get(random_params(base_cfg)), base_cfg.to_dict())
   else:
     save_random_hf(base_cfg, path)
-  only = finetune.frozen_base(settings.finetune)
-  streamed = checkpoints.load(path, dtype="float32", base_quant=settings.base_quant, quantize_only=only)
+  quantizer = finetune.base_quantizer(settings.finetune)
+  streamed = checkpoints.load(path, dtype="float32", quantizer=quantizer)
   read = checkpoints.load(path, dtype="float32")
-  after = quant.quantize_params(read.params, settings.base_quant, only)
+  after = quantizer.params(read.params)
   flat_s, flat_a = (flax.traverse_util.flatten_dict(t) for t in (streamed.params, after))
   assert flat_s.keys() == flat_a.keys() and any(quant.is_quantized(v) for v in flat_s.values())
   for k, v in flat_a.items():
@@ -233,10 +230,10 @@ def test_a_base_read_for_qlora_is_quantized_as_it_streams_to_the_same_bits(kind,
       assert a.dtype == b.dtype and a.shape == b.shape, "/".join(k)
       np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg="/".join(k))
   # and load_as (what train.init_from reads with) keeps the streamed QArrays on the run's quantized layout
-  loaded = checkpoints.load_as(path, settings.model, base_quant=settings.base_quant, quantize_only=only,
-                               fresh=lambda keys: {k: np.zeros(s.shape, s.dtype) for k, s in
-                                                   flax.traverse_util.flatten_dict(param_shapes(settings.model)).items()
-                                                   if k in set(keys)})
+  loaded = checkpoints.load_as(path, settings.model, quantizer=quantizer,
+                               leaves=lambda missing: {k: np.zeros(s.shape, s.dtype) for k, s in
+                                                       flax.traverse_util.flatten_dict(param_shapes(settings.model)).items()
+                                                       if k in set(missing)})
   flat_l = flax.traverse_util.flatten_dict(loaded.params)
   for k, v in flat_s.items():
     if quant.is_quantized(v):

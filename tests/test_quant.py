@@ -77,10 +77,14 @@ def test_roundtrip_matches_numpy_reference(shape, axes, scheme, group):
 
 
 def test_bad_settings_name_the_key():
-  with pytest.raises(ConfigError, match="sample.quantize"):
-    quant.QuantConfig("int3")
-  with pytest.raises(ConfigError, match="sample.quant_group_size"):
-    quant.QuantConfig("int4", group_size=-1)
+  for key, value in (("quantize", "int3"), ("quant_group_size", -1)):
+    config = base.get_config()
+    config.sample[key] = value
+    with pytest.raises(ConfigError, match=f"sample.{key}"):
+      settings_lib.from_config(config)
+  for bad in (dict(scheme="int3"), dict(scheme="int4", group_size=-1)):  # the record itself, built directly
+    with pytest.raises(ValueError, match="QuantConfig"):
+      quant.QuantConfig(**bad)
   # head_dim 16 is not a multiple of 12: refused before any weight is quantized
   with pytest.raises(ConfigError, match=r"sample.quant_group_size: 12 .*attn/[kqv]_proj"):
     quant.quantize_params(TINY_SHAPES, quant.QuantConfig("int4", group_size=12))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dgemma import api, checkpoints, report
+from dgemma import api, checkpoints, run_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_sample_bad_workdir(tmp_path):
 
 
 def test_report_writes_png_and_index(trained_workdir, tmp_path):
-  out = report.write_report(trained_workdir, tmp_path / "report")
+  out = run_report.write_report(trained_workdir, tmp_path / "report")
   png = (out / "loss_curve.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
   assert "dgemma run report" in (out / "index.html").read_text()
@@ -78,18 +78,18 @@ def test_report_shows_sample_quality_beside_held_out_text(tiny_run, tmp_path):
   assert quality.read_text() == json.dumps(summary, indent=2) + "\n"
   for key in ("real_word_rate", "real_word_rate_heldout", "unigram_entropy", "unigram_entropy_heldout"):
     assert key in summary
-  page = report.quality_html(summary)
+  page = run_report.quality_html(summary)
   assert f"{summary['real_word_rate_heldout']:.3f}" in page and f"{summary['unigram_entropy']:.3f}" in page
   assert "sampler released" in page
   # the report folder carries the table when the workdir has the file, and not otherwise
-  quality_in_workdir = workdir / report.QUALITY_FILE
+  quality_in_workdir = workdir / run_report.QUALITY_FILE
   quality_in_workdir.write_text(quality.read_text())
   try:
-    out = report.write_report(workdir, tmp_path / "report")
+    out = run_report.write_report(workdir, tmp_path / "report")
     assert "Sample quality" in (out / "index.html").read_text()
   finally:
     quality_in_workdir.unlink()
-  assert "Sample quality" not in (report.write_report(workdir, tmp_path / "report2") / "index.html").read_text()
+  assert "Sample quality" not in (run_report.write_report(workdir, tmp_path / "report2") / "index.html").read_text()
 
 
 def test_bad_sample_requests_fail_before_loading(trained_workdir, monkeypatch):
@@ -104,7 +104,7 @@ def test_bad_sample_requests_fail_before_loading(trained_workdir, monkeypatch):
     raise AssertionError("reached checkpoint loading / jax.jit")
 
   monkeypatch.setattr(checkpoints, "load", reached)
-  monkeypatch.setattr(checkpoints, "load_workdir", reached)
+  monkeypatch.setattr(checkpoints, "load_as", reached)
   monkeypatch.setattr(checkpoints.workdir, "restore_params", reached)
   monkeypatch.setattr(jax, "jit", reached)
   monkeypatch.setattr(generation, "_generate_jit", reached)

@@ -5,12 +5,13 @@ that imports transformers when collected (the fast-tier guard of tests/conftest.
 import ast
 import re
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 
 # docs/architecture.md's layers, by top-level module of dgemma.
 LAYERS = {
-    "dgemma.errors": 0, "dgemma.files": 0, "dgemma.reductions": 0, "dgemma.fields": 0, "dgemma.registry": 0,
+    "dgemma.errors": 0, "dgemma.files": 0, "dgemma.reductions": 0, "dgemma.settings_fields": 0, "dgemma.registry": 0,
     "dgemma.model": 1, "dgemma.tokenizers": 1,
     "dgemma.diffusion": 2, "dgemma.quant": 2, "dgemma.finetune": 2, "dgemma.mesh": 2, "dgemma.distributed": 2,
     "dgemma.jax_cache": 2,
@@ -19,7 +20,7 @@ LAYERS = {
     "dgemma.settings": 4, "dgemma.rl": 4,
     "dgemma.checkpoints": 5,
     "dgemma.train": 6,
-    "dgemma.report": 7, "dgemma.api": 7,
+    "dgemma.run_report": 7, "dgemma.api": 7,
     "dgemma.tools": 8, "dgemma": 8,
 }
 
@@ -188,3 +189,70 @@ def test_the_collection_import_check_sees_module_level_imports():
   source = ("import transformers\nfrom transformers.models import x\nimport pytest\npytest.importorskip('transformers')\n"
             "def f():\n  import transformers\n  from transformers import y\n")
   assert _module_level_imports_of(ast.parse(source), "transformers") == [1, 2, 4]
+
+
+# ---- pointers: every repository path and `python -m` module the documents and the code's text name exists -----
+
+_TRACKED_TOPS = ("bench", "configs", "dgemma", "docs", "eval", "notebooks", "proj", "tests")
+_PATH = re.compile(r"(?<![\w/.-])((?:%s)/[\w./-]*\w)" % "|".join(_TRACKED_TOPS))
+_MODULE = re.compile(r"python3? -m ((?:%s)(?:\.\w+)*)" % "|".join(("dgemma", "eval", "proj", "bench", "configs")))
+# What a line may say about a path that is not in the tree: an output a command writes, a file kept in git history
+# (REV:path, "in git at REV under path"), a path in another project ("MaxText's configs/types.py").
+_NOT_A_POINTER = re.compile(r"(--\w*out\w*[= ]|> ?|\b[0-9a-f]{7,40}:|in git at \w+ under `?|"
+                            r"(?i:maxtext|big_vision|google-deepmind|tunix|qwix|tokamax|vllm|lm-eval)\W+(\w+\W+){0,2})$")
+
+
+def _texts() -> Iterator[tuple[str, int, str]]:
+  """(file, line, text) of the README, docs/ and the comments and strings of every Python file outside tests/."""
+  import io
+  import tokenize
+  for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+      yield str(path.relative_to(REPO)), n, line
+  for path in sorted(REPO.rglob("*.py")):
+    rel = path.relative_to(REPO)
+    if rel.parts[0] in ("tests", ".venv", "workdirs", "data_cache") or rel.parts[0].startswith("."):
+      continue
+    for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+      if tok.type in (tokenize.COMMENT, tokenize.STRING):
+        for i, line in enumerate(tok.string.splitlines()):
+          yield str(rel), tok.start[0] + i, line
+
+
+def stale_pointers(texts) -> list[str]:
+  """'file:line: path' for each repository path (under a tracked top-level folder) or `python -m` module of ours
+  that `texts` name and the tree does not hold; placeholders (<study>, *, {}) and outputs a command writes pass."""
+  out = []
+  for where, n, line in texts:
+    for match in _PATH.finditer(line):
+      p = match.group(1).rstrip(".")
+      if any(c in p for c in "<*{$") or _NOT_A_POINTER.search(line[:match.start()]):
+        continue
+      if not ((REPO / p).exists() or (REPO / f"{p}.py").exists()):
+        out.append(f"{where}:{n}: {p}")
+    for m in _MODULE.findall(line):
+      base = REPO.joinpath(*m.split("."))
+      if not (base.with_suffix(".py").exists() or (base / "__init__.py").exists()):
+        out.append(f"{where}:{n}: python -m {m}")
+  return out
+
+
+def test_every_path_and_module_named_exists():
+  assert stale_pointers(_texts()) == []
+
+
+def test_the_pointer_check_finds_a_stale_path_and_module():
+  texts = [("README.md", 1, "see dgemma/nope.py and docs/model.md; python -m dgemma.tools.gone, python -m pip"),
+           ("README.md", 2, "python train.py --out=docs/written_here.json; git show a116924:docs/results/x.csv"),
+           ("README.md", 3, "a study's proj/<study>/ folder and configs/models/*.py")]
+  assert stale_pointers(texts) == ["README.md:1: dgemma/nope.py", "README.md:1: python -m dgemma.tools.gone"]
+
+
+def test_the_library_does_not_know_its_studies():
+  """dgemma/ names no study module (proj/...): a study registers its data source, rewards and settings group from
+  the modules its config names in `imports`, so adding one touches only proj/<study>/ and its config."""
+  named = [f"{where}:{n}" for where, n, line in _texts()
+           if where.startswith("dgemma/") and re.search(r"(?<![\w./])proj[./](?!<study>)", line)]
+  found = [f"{p.relative_to(REPO)}" for p in (REPO / "dgemma").rglob("*.py")
+           if re.search(r"^\s*(from|import) proj\b", p.read_text(), re.M)]
+  assert named == [] and found == []

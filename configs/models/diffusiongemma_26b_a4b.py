@@ -1,7 +1,7 @@
 """DiffusionGemma 26B-A4B text trunk, exactly as released (see docs/model.md): the model group's declared defaults
 (dgemma/model/config.py), stored in bfloat16, its experts on jax.lax.ragged_dot (a choice, not the architecture).
 
-  python -m dgemma.tools.params --config=configs/models/diffusiongemma_26b_a4b.py
+  python -m dgemma.tools.model_size --config=configs/models/diffusiongemma_26b_a4b.py
 """
 
 from dgemma import settings

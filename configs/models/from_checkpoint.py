@@ -1,7 +1,7 @@
 """The model of an existing checkpoint as a config's starting point (fine-tuning and adaptation configs).
 
   config = from_checkpoint.apply(base.get_config(), "/ckpts/dgemma")   # any kind dgemma.load takes
-  python -m dgemma.tools.params --config=configs/models/from_checkpoint.py:/ckpts/dgemma   # its model group
+  python -m dgemma.tools.model_size --config=configs/models/from_checkpoint.py:/ckpts/dgemma   # its model group
 
 `apply` reads only the checkpoint's metadata (dgemma.checkpoints.header): a training run, a params checkpoint,
 an adapter or a Hugging Face directory. It sets the architecture keys of the `model` group (compute choices such

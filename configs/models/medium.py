@@ -2,7 +2,7 @@
 the released vocabulary, heads and head dims, 128 -> 64 experts top-8) at d_model 1536 and 12 layers, for
 training on one accelerator (issue #17 item 8: bench/gpu_train_step.py times its train step).
 
-  python -m dgemma.tools.params --config=configs/models/medium.py
+  python -m dgemma.tools.model_size --config=configs/models/medium.py
   python bench/gpu_train_step.py --out=docs/experiments/gpu/train_step.json      # its train step on one GPU
 """
 

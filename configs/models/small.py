@@ -1,6 +1,6 @@
 """`small` preset (15.6M parameters, 8.5M active per token): the DiffusionGemma structure sized for CPU experiments.
 
-  python -m dgemma.tools.params --config=configs/models/small.py
+  python -m dgemma.tools.model_size --config=configs/models/small.py
 """
 
 from configs.models import tiny

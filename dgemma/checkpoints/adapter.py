@@ -6,20 +6,27 @@ WORKDIR/adapter/: a params checkpoint (dgemma/checkpoints/params.py) holding onl
 adapter_config.json = {mode, lora: {rank, alpha, targets, decoder_only}, base: train.init_from (absolute), step}
 and run_config.json, the run's config.json (its dtypes, canvas, data format and sampler settings), so the
 adapter loads and samples as its run does. `dgemma.load(ADAPTER_DIR)` loads the base (any checkpoint kind)
-with the adapter on top; `python -m dgemma.tools.merge_lora` folds a 'lora' adapter into its base weights.
+with the adapter on top (`describe`, `read`: the base is read by the cross-kind reader the caller passes in);
+`python -m dgemma.tools.merge_lora` folds a 'lora' adapter into its base weights.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import flax
 import jax
 
 from dgemma import finetune
+from dgemma import settings as settings_lib
 from dgemma.checkpoints import params as params_ckpt
+from dgemma.checkpoints.checkpoint import Checkpoint, Placement, with_dtype
+from dgemma.errors import CheckpointError
+from dgemma.model.lora import LoraConfig
 
 ADAPTER_DIR = "adapter"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -54,13 +61,6 @@ def base_path(path: str | os.PathLike, meta: dict) -> str:
   return str(beside if beside.exists() else base)
 
 
-def read_run_config(path: str | os.PathLike) -> str | None:
-  """The config.json text of the run the weights of a params checkpoint (an adapter, a converted run) come from,
-  or None (converted from elsewhere, or written before it was kept)."""
-  run = params_ckpt.read_extra_json(path, RUN_CONFIG)
-  return None if run is None else json.dumps(run)
-
-
 def load_adapter(path: str | os.PathLike) -> tuple[dict, dict, dict]:
   """(adapter params, base model config dict, adapter_config) of an adapter checkpoint."""
   meta = params_ckpt.read_extra_json(path, ADAPTER_CONFIG)
@@ -70,3 +70,31 @@ def load_adapter(path: str | os.PathLike) -> tuple[dict, dict, dict]:
   params, model_config = params_ckpt.load_params(path)
   return params, model_config, meta
 
+
+
+def describe(path: str | os.PathLike, field: str, describe_base: Callable[[str, str], Checkpoint]) -> Checkpoint:
+  """The header of an adapter: the adapter's model (its run's settings when kept, else its base's, with the adapter's
+  LoRA layout) and its base's header (`describe_base(path, field)`: any kind) in `base`."""
+  meta = params_ckpt.read_extra_json(path, ADAPTER_CONFIG)
+  if not meta.get("base"):
+    raise CheckpointError(f"{path}/{ADAPTER_CONFIG}: names no base checkpoint ('base'), so the adapter "
+                          "cannot be loaded on its own")
+  base = describe_base(base_path(path, meta), f"{path}/{ADAPTER_CONFIG} 'base'")
+  lora = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["lora"].items()})
+  run_json = params_ckpt.read_run_config(path)
+  # The run's own model settings (dtypes, compute choices) when the adapter kept its config, else the base's; a QLoRA
+  # adapter sits on its base quantized as the run held it.
+  model, stored = (settings_lib.run_model(run_json, Path(path) / RUN_CONFIG) if run_json is not None
+                   else (base.model, None))
+  step = meta.get("step")
+  return Checkpoint(str(path), "adapter", dataclasses.replace(model, lora=lora), field=field,
+                    step=int(step) if step is not None else None, config_json=run_json,
+                    tokenizer_file=base.tokenizer_file, hf_config=base.hf_config, stored_quantizer=stored, base=base)
+
+
+def read(header: Checkpoint, placement: Placement, dtype: str | None, load_as: Callable[..., Checkpoint]) -> Any:
+  """The adapter's base (any kind, its header in header.base) laid out as the adapter's model with the adapter's
+  leaves on top, placed; `load_as` is the cross-kind reader's."""
+  leaves = flax.traverse_util.flatten_dict(load_adapter(header.path)[0])
+  return load_as(header.base, with_dtype(header.model, dtype), placement=placement,
+                 quantizer=header.stored_quantizer, leaves=lambda missing: leaves).params

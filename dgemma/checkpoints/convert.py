@@ -27,7 +27,9 @@ import jax
 from absl import logging
 
 from dgemma import settings as settings_lib
-from dgemma.checkpoints import Checkpoint, header, hf, load_as, params as params_ckpt
+from dgemma.checkpoints import hf, params as params_ckpt
+from dgemma.checkpoints.checkpoint import Checkpoint
+from dgemma.checkpoints.reader import header, load_as
 
 FROM_FLAG = "--from_ckpt"
 RUN_CONFIG_KEY = hf.RUN_CONFIG_KEY
@@ -47,7 +49,7 @@ def merged_run_config(config_json: str) -> dict:
 def generation_config(settings: settings_lib.Settings, vocab: Optional[dict] = None) -> tuple[dict, list[str]]:
   """(generation_config.json for transformers' DiffusionGemma generate(), what it cannot represent): the run's
   max_new_tokens, denoising steps, temperature ramp, entropy bound, stopping rule and end / pad / BOS ids."""
-  sampler = settings.sample.sampler
+  sampler = settings.sampler_config
   out: dict[str, Any] = {"max_new_tokens": settings.sample.max_new_tokens,
                          "max_denoising_steps": sampler.max_denoising_steps,
                          "sampler_config": {"entropy_bound": float(sampler.entropy_bound), "_cls_name": _EB_CLASS},
@@ -97,7 +99,7 @@ def _plain(src: str | os.PathLike, field: str) -> tuple[Checkpoint, Any]:
   """(the source's header, its params without adapters: folded in) on the host."""
   described = header(src, field)
   model = dataclasses.replace(described.model, lora=None)
-  loaded = load_as(src, model, field=field)
+  loaded = load_as(described, model)
   return dataclasses.replace(described, model=model), jax.device_get(loaded.params)
 
 
@@ -117,7 +119,7 @@ def to_params(src: str | os.PathLike, out: str | os.PathLike, *, dtype: Optional
       params = jax.tree.map(lambda x: x.astype(hf._np_dtype(dtype)), params)
   extra = {}
   if described.hf_config is not None:
-    extra[hf.HF_CONFIG] = described.hf_config
+    extra[params_ckpt.HF_CONFIG] = described.hf_config
   if described.config_json is not None:
     extra[params_ckpt.RUN_CONFIG] = merged_run_config(described.config_json)
   tokenizer = described.tokenizer_file

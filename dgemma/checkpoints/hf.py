@@ -33,6 +33,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from dgemma import files, quant
+from dgemma.checkpoints import params as params_ckpt
+from dgemma.checkpoints.checkpoint import Checkpoint
 from dgemma.checkpoints.hf_config import (ARCHITECTURES, CONFIG_FILE, DIFFUSION, GEMMA4, GEMMA4_TEXT,  # noqa: F401
                                           TEXT_ONLY_VISION, HFCheckpointError, detect, is_text_only,
                                           model_config_from_hf, model_config_to_hf)
@@ -313,9 +315,8 @@ def read_config(ckpt_dir: str | os.PathLike) -> dict:
 def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
                        model_type: str | None = None,
                        config_overrides: Mapping[str, Any] | None = None,
-                       base_quant: quant.QuantConfig | None = None,
-                       quantize_only: Callable[[tuple[str, ...]], bool] | None = None
-                       ) -> tuple[ModelConfig, dict]:
+                       quantizer: quant.Quantizer | None = None,
+                       config_json: dict | None = None) -> tuple[ModelConfig, dict]:
   """Reads an HF checkpoint directory into (ModelConfig, params).
 
   `params` is a nested dict of numpy arrays in `dtype` (the model's param_dtype is set to it).
@@ -323,14 +324,14 @@ def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
   (one notice); Gemma 4 AR checkpoints get a freshly initialised self-conditioning module (notice).
   Tied copies (encoder/decoder layers, lm_head) must be equal when several are stored.
 
-  `base_quant` (a QLoRA run's frozen base): each weight it quantizes (`quant.leaf_plan`, of the leaves
-  `quantize_only` picks) is quantized one layer's tensor at a time as it is read, on the default device, and
-  only its quantized layers are kept (stacked at the end into a `QArray`): host memory peaks near the
-  quantized tree plus one tensor, never the float checkpoint. Each layer quantizes as its slice of the
-  stacked weight would (`quant.quantize_params` of the float tree gives the same bits).
+  `quantizer` (e.g. a QLoRA run's frozen base): each weight it quantizes is quantized one layer's tensor at a
+  time as it is read, on the default device, and only its quantized layers are kept (stacked at the end into a
+  `QArray`): host memory peaks near the quantized tree plus one tensor, never the float checkpoint. Each layer
+  quantizes as its slice of the stacked weight would (`quant.quantize_params` of the float tree gives the same
+  bits). `config_json`: the directory's config.json when the caller has read it already.
   """
   ckpt_dir = Path(ckpt_dir)
-  config_json = read_config(ckpt_dir)
+  config_json = read_config(ckpt_dir) if config_json is None else config_json
   mt, _ = detect(config_json, model_type)
   overrides = dict(param_dtype=dtype)
   overrides.update(config_overrides or {})
@@ -346,8 +347,7 @@ def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
     for path, arr in zip(e.targets, ours):
       if path in flat or path in layers_of:
         continue
-      if base_quant is not None and quant.leaf_plan(tuple(path.split("/")), arr.shape, base_quant,
-                                                    quantize_only) is not None:
+      if quantizer is not None and quantizer.plan(tuple(path.split("/")), arr.shape) is not None:
         layers_of[path] = [None] * (cfg.num_blocks if e.index is not None else 1)
         if e.index is not None:
           stacked.add(path)
@@ -358,8 +358,7 @@ def load_hf_checkpoint(ckpt_dir: str | os.PathLike, *, dtype: str = "float32",
   def put(path: str, index: int | None, val: np.ndarray) -> None:
     if path in layers_of:
       one = jnp.asarray(np.asarray(val, target))
-      layers_of[path][0 if index is None else index] = quant.quantize_leaf(tuple(path.split("/")), one, base_quant,
-                                                                         quantize_only)
+      layers_of[path][0 if index is None else index] = quantizer(tuple(path.split("/")), one)
     elif index is None:
       flat[path][...] = val
     else:
@@ -587,9 +586,21 @@ def _write_json(path: Path, obj: Any) -> None:
   files.write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-HF_CONFIG = "hf_config.json"  # the source config.json, kept in a params checkpoint converted from it
-
-
 def is_hf_dir(path: str | os.PathLike) -> bool:
   p = Path(path)
   return (p / CONFIG_FILE).is_file() and ((p / SINGLE_FILE).is_file() or (p / INDEX_FILE).is_file())
+
+
+def describe(path: str | os.PathLike, field: str = "path") -> Checkpoint:
+  """The header of an HF directory: its config.json (and, for an export of a dgemma run, that run's settings)."""
+  config_json = read_config(path)
+  run = config_json.get(RUN_CONFIG_KEY)  # the settings of the run an export came from
+  return Checkpoint(str(path), "hf", model_config_from_hf(config_json), field=field,
+                    config_json=json.dumps(run) if isinstance(run, dict) else None,
+                    tokenizer_file=params_ckpt.tokenizer_file(path), hf_config=config_json)
+
+
+def read(header: Checkpoint, dtype: str | None = None, quantizer: quant.Quantizer | None = None) -> dict:
+  """The params on the host, read tensor by tensor and cast to `dtype` (default float32); the weights `quantizer`
+  quantizes as `QArray`s on the default device (`load_hf_checkpoint`)."""
+  return load_hf_checkpoint(header.path, dtype=dtype or "float32", quantizer=quantizer, config_json=header.hf_config)[1]

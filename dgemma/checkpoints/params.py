@@ -8,7 +8,7 @@ Layout of CKPT_DIR:
   tokenizer.model / tokenizer.json   the tokenizer that belongs to the weights (the converter copies it
                        from the Hugging Face directory; `dgemma.load` finds it here)
 Written into a temporary sibling directory and renamed into place, so a reader never sees a
-partial checkpoint.
+partial checkpoint. `describe` reads its header, `read` its weights (for `dgemma.checkpoints.load`).
 """
 
 from __future__ import annotations
@@ -21,16 +21,20 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import flax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from dgemma import files
+from dgemma import files, quant
+from dgemma.checkpoints.checkpoint import Checkpoint
 from dgemma.checkpoints.orbax_logs import quiet_orbax
+from dgemma.model import ModelConfig
 
 PARAMS = "params"
 MODEL_CONFIG = "model_config.json"
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")  # a SentencePiece model, else an HF tokenizers file
 RUN_CONFIG = "run_config.json"  # the settings of the run the weights come from (an adapter's, a converted run's)
+HF_CONFIG = "hf_config.json"  # the source config.json, kept in a params checkpoint converted from it
 
 
 def is_params_dir(path: str | os.PathLike) -> bool:
@@ -90,20 +94,24 @@ def read_header(path: str | os.PathLike) -> tuple[Path, dict]:
 def load_params(path: str | os.PathLike) -> tuple[Any, dict]:
   """Returns (params as a nested dict of numpy arrays, model config dict)."""
   path, model_config = read_header(path)
+  return _restore(path), model_config
+
+
+def _restore(path: Path) -> Any:
   quiet_orbax()
   ckptr = ocp.StandardCheckpointer()
   try:
-    params = ckptr.restore(path / PARAMS)
+    params = ckptr.restore(Path(path).absolute() / PARAMS)
   finally:
     ckptr.close()
-  return _to_numpy(params), model_config
+  return _to_numpy(params)
 
 
-def load_params_each(path: str | os.PathLike, each: Callable[[tuple[str, ...], np.ndarray], Any]) -> tuple[Any, dict]:
-  """`load_params` one leaf at a time: each leaf is restored alone (Orbax's partial restore) and replaced by
-  `each(key path, numpy array)` before the next is read, so only one float leaf is on the host at once (a QLoRA
-  run's base, quantized as it is read). Returns (the tree of `each`'s values, model config dict)."""
-  path, model_config = read_header(path)
+def _restore_each(path: Path, each: Callable[[tuple[str, ...], np.ndarray], Any]) -> Any:
+  """The params tree restored one leaf at a time: each leaf is restored alone (Orbax's partial restore) and replaced
+  by `each(key path, numpy array)` before the next is read, so only one float leaf is on the host at once (a QLoRA
+  run's base, quantized as it is read)."""
+  path = Path(path).absolute()
   quiet_orbax()
   ckptr = ocp.PyTreeCheckpointer()
   try:
@@ -118,7 +126,7 @@ def load_params_each(path: str | os.PathLike, each: Callable[[tuple[str, ...], n
       del got
   finally:
     ckptr.close()
-  return flax.traverse_util.unflatten_dict(out), model_config
+  return flax.traverse_util.unflatten_dict(out)
 
 
 def _plain(tree: Any) -> Any:
@@ -138,3 +146,31 @@ def _to_numpy(tree: Any) -> Any:
   if isinstance(tree, Mapping):
     return {k: _to_numpy(v) for k, v in tree.items()}
   return np.asarray(tree)
+
+
+def read_run_config(path: str | os.PathLike) -> str | None:
+  """The config.json text of the run the weights of a params checkpoint (an adapter, a converted run) come from,
+  or None (converted from elsewhere, or written before it was kept)."""
+  run = read_extra_json(path, RUN_CONFIG)
+  return None if run is None else json.dumps(run)
+
+
+def describe(path: str | os.PathLike, field: str = "path") -> Checkpoint:
+  """The header of a params checkpoint (nothing but its JSON files is read)."""
+  _, cfg_dict = read_header(path)
+  return Checkpoint(str(path), "params", ModelConfig.from_config_dict(cfg_dict), field=field,
+                    config_json=read_run_config(path), tokenizer_file=tokenizer_file(path),
+                    hf_config=read_extra_json(path, HF_CONFIG))
+
+
+def read(header: Checkpoint, dtype: str | None = None, quantizer: quant.Quantizer | None = None) -> Any:
+  """The params on the host (numpy). With `quantizer` each weight it quantizes is read alone, cast to `dtype` and
+  quantized (a `QArray` on the default device) before the next is read: the float tree never exists."""
+  if quantizer is None:
+    return _restore(header.path)
+
+  def each(key, a):
+    if quantizer.plan(key, a.shape) is None:
+      return a
+    return quantizer(key, jnp.asarray(a.astype(np.dtype(dtype)) if dtype else a))
+  return _restore_each(header.path, each)

@@ -14,7 +14,8 @@ tokenizer, metrics and TensorBoard events.
 
 Orbax writes each step into a temporary directory and renames it when complete, so an interrupted save
 never replaces a good checkpoint; keep-N rotation runs only after a newer step is complete, and the loop
-never saves a non-finite state, so the last good checkpoint is never rotated away.
+never saves a non-finite state, so the last good checkpoint is never rotated away. `describe` reads a run's header
+(config.json, once), `read` one step's params (for `dgemma.checkpoints.load`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from dgemma import distributed, files
+from dgemma import settings as settings_lib
+from dgemma.checkpoints.checkpoint import Checkpoint, Placement, check_finite, with_dtype
 from dgemma.checkpoints.orbax_logs import quiet_orbax
 from dgemma.errors import CheckpointError
 
@@ -245,3 +248,33 @@ def this_process_data_state(saved: dict | None) -> dict | None:
                     "the data iterators start from the beginning of their shards", count, jax.process_count())
     return None
   return saved if per_process is None else per_process[jax.process_index()]
+
+
+def describe(path: str | os.PathLike, field: str = "path") -> Checkpoint:
+  """The header of a run: its config.json (read here, once), architecture, steps (the latest to read) and tokenizer."""
+  config_json = read_config_json(path)
+  model, stored = settings_lib.run_model(config_json, Path(path) / CONFIG_FILE)
+  available = tuple(steps(path))
+  tok = Path(path) / TOKENIZER_FILE
+  return Checkpoint(str(path), "workdir", model, field=field, step=available[-1] if available else None,
+                    steps=available, config_json=config_json, tokenizer_file=tok if tok.is_file() else None,
+                    stored_quantizer=stored)
+
+
+def read(header: Checkpoint, placement: Placement, dtype: str | None = None) -> Any:
+  """The params of step header.step (never the optimizer state), restored onto `placement` as the run stored them (a
+  QLoRA run's frozen base quantized), checked finite. A step that cannot be read is one error naming it and the
+  earlier step to try."""
+  if header.step is None:
+    raise CheckpointError(f"{header.field}: {checkpoint_dir(header.path)} holds no finished checkpoint "
+                          f"(train first: python train.py --workdir={header.path})")
+  try:
+    restored = restore_params(header.path, header.step,
+                              placement.abstract(with_dtype(header.model, dtype), header.stored_quantizer))
+  except Exception as e:  # pylint: disable=broad-except  (Orbax / tensorstore / JSON errors of a damaged step)
+    earlier = [s for s in header.steps if s < header.step]
+    hint = (f"sample the previous step with sample.checkpoint_step={earlier[-1]}" if earlier else
+            "no earlier step is left to sample")
+    raise restore_error(header.path, header.step, e, hint) from e
+  check_finite(restored, f"{header.path} step {header.step}")
+  return restored

@@ -7,14 +7,13 @@
                                          with an exactly-resumable JSON state
 
 and callers go through `prepare` / `make_iterator` below. `settings` is a `dgemma.settings.Settings`.
-Adding a source touches this table (or, for a study, `STUDY_SOURCES`) and the source's own module (and its test).
+Adding a source touches this table and the source's own module (and its test):
 
   shakespeare  the bundled Shakespeare corpus (dgemma/data/shakespeare.py), packed text
   files        the user's .txt / .jsonl files, packed text, or SFT rows with data.format='sft'
   tfds         a TFDS catalog dataset (needs internet the first time), packed text
-and a study's source (proj/<study>/, registered by `register` when its module is imported; `STUDY_SOURCES`
-lists the modules imported before the table is read, so a config naming one works without importing it first):
-  sudoku       fixed rows [BOS, puzzle | solution] (proj/sudoku/data.py)
+A study's source (proj/<study>/) is added by `register` when its module is imported: a config that uses it names
+that module in `imports`, which dgemma.settings imports before it checks data.source.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import dataclasses
 import os
 from typing import Callable
 
-from dgemma import registry
 from dgemma.data import builder, pipeline
 from dgemma.data.pipeline import DataIterator, PreparedData
 from dgemma.errors import ConfigError
@@ -55,8 +53,6 @@ SOURCES: dict[str, DataSource] = {s.name: s for s in (
     DataSource("files", _validate_files, pipeline.prepare_local, pipeline.make_text_iterator),
     DataSource("tfds", _validate_tfds, pipeline.prepare_tfds, pipeline.make_text_iterator),
 )}
-STUDY_SOURCES = ("proj.sudoku.data",)  # modules that register a study's source when imported
-_studies_loaded = False
 
 
 def register(source: DataSource) -> DataSource:
@@ -66,18 +62,14 @@ def register(source: DataSource) -> DataSource:
 
 
 def names() -> tuple[str, ...]:
-  """Every source's name, the studies' included (their modules imported on the first call; a study that is not
-  installed, e.g. dgemma without its proj/ folder, is left out)."""
-  global _studies_loaded
-  if not _studies_loaded:
-    _studies_loaded = True
-    registry.import_studies(STUDY_SOURCES)
+  """Every source's name, those of the studies imported so far included."""
   return tuple(SOURCES)
 
 
 def get(name: str) -> DataSource:
   if name not in names():
-    raise ConfigError(f"data.source: {name!r} not in {names()}")
+    raise ConfigError(f"data.source: {name!r} not in {names()} (a study's source is registered by the module the "
+                      "config names in `imports`)")
   return SOURCES[name]
 
 

@@ -1,4 +1,4 @@
-"""`config.diffusion` as typed settings, each key declared once (dgemma/fields.py): the corruption and the
+"""`config.diffusion` as typed settings, each key declared once (dgemma/settings_fields.py): the corruption and the
 training objective that dgemma.diffusion.loss reads. dgemma.settings builds it from an experiment config; code
 that has no config (a benchmark, a test) builds it directly, checked the same way.
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from dgemma import fields
+from dgemma import settings_fields
 from dgemma.diffusion import objectives, schedules
-from dgemma.fields import setting
+from dgemma.settings_fields import setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,36 +56,36 @@ class DiffusionSettings:
                                           items=float)
 
   def __post_init__(self):
-    fields.check(self)
+    settings_fields.check(self)
     ar = self.objective_record.autoregressive
-    fields.need(self.canvases_per_row == 1 or not ar, "diffusion.canvases_per_row",
+    settings_fields.need(self.canvases_per_row == 1 or not ar, "diffusion.canvases_per_row",
                 f"objective 'ar' has no canvases; use 1, got {self.canvases_per_row}")
-    fields.need(not self.short_canvas_len or not ar, "diffusion.short_canvas_len",
+    settings_fields.need(not self.short_canvas_len or not ar, "diffusion.short_canvas_len",
                 f"objective 'ar' has no canvases; use 0, got {self.short_canvas_len}")
     mixture = self.t_mixture
-    fields.need(not mixture or (len(mixture) == 3 and 0.0 < mixture[0] < 1.0
+    settings_fields.need(not mixture or (len(mixture) == 3 and 0.0 < mixture[0] < 1.0
                                 and self.t_eps <= mixture[1] < mixture[2] <= 1.0), "diffusion.t_mixture",
                 f"need () or (weight, t_lo, t_hi) with 0 < weight < 1 and diffusion.t_eps={self.t_eps} <= t_lo < "
                 f"t_hi <= 1, got {mixture}")
     window = self.curriculum_alpha_range
-    fields.need(not window or (len(window) == 2 and 0.0 <= window[0] < window[1] < 1.0),
+    settings_fields.need(not window or (len(window) == 2 and 0.0 <= window[0] < window[1] < 1.0),
                 "diffusion.curriculum_alpha_range",
                 f"need () or (alpha_lo, alpha_hi) with 0 <= alpha_lo < alpha_hi < 1, got {window}")
-    fields.need(self.curriculum_steps == 0 or self.objective_record.corruption == objectives.UNIFORM,
+    settings_fields.need(self.curriculum_steps == 0 or self.objective_record.corruption == objectives.UNIFORM,
                 "diffusion.curriculum_steps", f"the Gaussian-relaxation curriculum is for uniform-state objectives; "
                 f"objective {self.objective!r} corrupts with {self.objective_record.corruption!r} (use 0)")
 
   def check_row(self, seq_len: int) -> None:
     """The canvases fit a row of `seq_len` tokens with context before them (data.seq_len)."""
-    fields.need(self.canvas_len < seq_len, "diffusion.canvas_len",
+    settings_fields.need(self.canvas_len < seq_len, "diffusion.canvas_len",
                 f"canvas of {self.canvas_len} tokens does not fit in data.seq_len={seq_len} "
                 "(the sequence is context + canvas; the canvas must be shorter)")
     K = self.canvases_per_row
-    fields.need(K * self.canvas_len <= seq_len, "diffusion.canvases_per_row",
+    settings_fields.need(K * self.canvas_len <= seq_len, "diffusion.canvases_per_row",
                 f"{K} canvases of diffusion.canvas_len={self.canvas_len} do not fit in data.seq_len={seq_len}")
     if self.short_canvas_len:
       A = self.num_short_canvases
-      fields.need(A * self.short_canvas_len < seq_len, "diffusion.short_canvases_per_row",
+      settings_fields.need(A * self.short_canvas_len < seq_len, "diffusion.short_canvases_per_row",
                   f"{A} short canvases of diffusion.short_canvas_len={self.short_canvas_len} leave no context in "
                   f"data.seq_len={seq_len} (0 = as many as diffusion.canvases_per_row * canvas_len tokens cover)")
 

@@ -36,7 +36,7 @@ prompt). Canvas tokens are scored only where it is 1, and the encoder's next-tok
 targets where it is 1. Without it every non-padding token is a target.
 
 Infilled canvas tokens: a batch may carry `infill_mask` [B, L] (1 on canvas tokens that are given,
-e.g. a Sudoku puzzle's givens, `data.sudoku.infill_givens`). Those tokens stay clean at every t and
+e.g. a puzzle's givens, which a study's data source may mark). Those tokens stay clean at every t and
 are never scored, so training matches sampling with the same tokens held by the sampler's infilling
 (`generate(..., infill_tokens_BN, infill_mask_BN)`): the model learns to denoise the rest around them.
 

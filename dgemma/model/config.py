@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Mapping
 
-from dgemma import fields
+from dgemma import settings_fields
 from dgemma.errors import ConfigError
-from dgemma.fields import setting
+from dgemma.settings_fields import setting
 
 SLIDING = "sliding"
 GLOBAL = "global"
@@ -29,7 +29,7 @@ class ModelConfig:
   Field names follow the reference doc; the Hugging Face names are given where they differ (the converter maps
   them, dgemma/checkpoints/hf_config.py). Each field's doc is in its declaration (`python -m dgemma.settings`
   lists them); the research options (decoder_shift, decoder_right_readout, decoder_two_stream,
-  decoder_head_layers) are described in dgemma/model/research.py. `lora` is not a key: dgemma.settings sets it
+  decoder_head_layers) are described in dgemma/model/decoder_variants.py. `lora` is not a key: dgemma.settings sets it
   from config.finetune (model_config.json describes the base weights)."""
   GROUP: ClassVar[str] = "model"
   preset: str = setting("diffusiongemma_26b_a4b", "informational: the preset (configs/models/) the values came "
@@ -57,11 +57,11 @@ class ModelConfig:
   rms_eps: float = setting(1e-6, "RMSNorm epsilon", lo=0.0, lo_open=True)
   self_conditioning: bool = setting(True, "the decoder has the self-conditioning module")
   decoder_shift: bool = setting(False, "research option, not in the released model: position p is scored where "
-                                "the token to its left sits (dgemma/model/research.py)")
+                                "the token to its left sits (dgemma/model/decoder_variants.py)")
   decoder_right_readout: int = setting(0, "research option: R right-neighbour readouts per position (0 = off; "
-                                       "dgemma/model/research.py)", lo=0)
+                                       "dgemma/model/decoder_variants.py)", lo=0)
   decoder_two_stream: bool = setting(False, "research option: logits blind to their own token, from a forward and "
-                                     "a backward stream (dgemma/model/research.py)")
+                                     "a backward stream (dgemma/model/decoder_variants.py)")
   decoder_head_layers: int = setting(0, "research option: N decoder-only layers after the shared stack (0 = off)",
                                      lo=0)
   moe_impl: str = setting("auto", "the experts' implementation: 'auto' (per platform), 'ragged', 'dense', "
@@ -88,8 +88,8 @@ class ModelConfig:
     self.validate()
 
   def validate(self) -> None:
-    fields.check(self)
-    need = lambda cond, field, msg: fields.need(cond, f"model.{field}", msg)
+    settings_fields.check(self)
+    need = lambda cond, field, msg: settings_fields.need(cond, f"model.{field}", msg)
     need(len(self.layer_types) == self.num_layers, "layer_types",
          f"has {len(self.layer_types)} entries but num_layers={self.num_layers}")
     need(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
@@ -128,13 +128,13 @@ class ModelConfig:
   @classmethod
   def from_config_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
     """Builds from an ml_collections ConfigDict (or dict, e.g. a model_config.json); unknown keys are an error."""
-    unknown = fields.unknown_keys(cls, cfg, "model")
+    unknown = settings_fields.unknown_keys(cls, cfg, "model")
     if unknown:
       raise ConfigError(f"unknown config key(s): {', '.join(unknown)} (python -m dgemma.settings lists every key)")
-    return fields.from_raw(cls, cfg)
+    return settings_fields.from_raw(cls, cfg)
 
   def to_dict(self) -> dict[str, Any]:
     """The architecture and compute settings (model_config.json: without `preset` and the LoRA layout)."""
-    out = fields.to_raw(self)
+    out = settings_fields.to_raw(self)
     out.pop("preset")
     return out

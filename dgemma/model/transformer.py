@@ -20,7 +20,7 @@ cfg.num_blocks; HF layer index = b * cfg.block_period + i):
   final_norm/scale [D] ('norm',)
   self_conditioning/pre_norm/scale [D] ('norm',)          (only if cfg.self_conditioning)
   self_conditioning/{gate_proj,up_proj}/kernel [D, F] ('embed', 'mlp'); down_proj/kernel [F, D] ('mlp', 'embed')
-  (the research options add their own: dgemma/model/research.py; none in the released model)
+  (the research options add their own: dgemma/model/decoder_variants.py; none in the released model)
   blocks/layer_{i}/
     pre_attn_norm/scale, post_attn_norm/scale [D] ('norm',)
     attn/q_proj/kernel [D, N, H] ('embed', 'heads', 'head_dim')
@@ -69,7 +69,7 @@ from dgemma.model.attention import Attention, decoder_masks, encoder_masks
 from dgemma.model.config import GLOBAL, ModelConfig
 from dgemma.model import layers
 from dgemma.model import lora as lora_lib
-from dgemma.model import qarray, research
+from dgemma.model import decoder_variants, qarray
 from dgemma.model.moe import MoE
 from dgemma.model.sharding import constrain, place, unbox
 
@@ -312,7 +312,7 @@ class Transformer(nn.Module):
     self.final_norm = layers.RMSNorm(cfg.rms_eps, param_dtype=layers.param_dtype(cfg))
     if cfg.self_conditioning:
       self.self_conditioning = SelfConditioning(cfg)
-    research.setup(self, Layer)  # the research options' parameters (none for the released model)
+    decoder_variants.setup(self, Layer)  # the research options' parameters (none for the released model)
     block = Block
     if cfg.remat != "none":
       block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
@@ -395,7 +395,7 @@ class Transformer(nn.Module):
       probs @ table * sqrt(D) (training's Gaussian-relaxation curriculum, dgemma/diffusion/relaxation.py; a
       one-hot row embeds as its token does, exactly at fp32 compute).
     prev_logits_BKV: with `cfg.decoder_shift` (required then, ignored otherwise), the encoder's logits at the
-      clean token before each of the K canvases; they score each canvas's first position (research.py).
+      clean token before each of the K canvases; they score each canvas's first position (decoder_variants.py).
     """
     cfg = self.cfg
     positions_BC = positions_BC.astype(jnp.int32)
@@ -426,14 +426,14 @@ class Transformer(nn.Module):
                                cache.ring_segment_ids_BR, R, 1, per_query_window)
     ctx = _Ctx(positions_BC, slide, glob, cache.length, segment_ids_BC != 0, decode=True)
     x_BCD = constrain(self.perturb("decoder_inputs", x_BCD), RESIDUAL_AXES)
-    research.check_prev_logits(cfg, prev_logits_BKV, num_canvases)
-    if cfg.decoder_two_stream:  # a research option (dgemma/model/research.py); the released path follows
-      return research.two_stream_logits(self, x_BCD, ctx, cache, segment_ids_BC, num_canvases, prev_logits_BKV)
+    decoder_variants.check_prev_logits(cfg, prev_logits_BKV, num_canvases)
+    if cfg.decoder_two_stream:  # a research option (dgemma/model/decoder_variants.py); the released path follows
+      return decoder_variants.two_stream_logits(self, x_BCD, ctx, cache, segment_ids_BC, num_canvases, prev_logits_BKV)
     x_BCD, (_, aux) = self.blocks(x_BCD, (cache.k, cache.v), ctx)
     self.sow_aux(aux)
     if cfg.decoder_head_layers:
-      x_BCD = research.decoder_head(self, x_BCD, ctx, slide[..., -x_BCD.shape[1]:])
-    return research.adjust_logits(self, x_BCD, self._logits(x_BCD), segment_ids_BC, num_canvases, prev_logits_BKV)
+      x_BCD = decoder_variants.decoder_head(self, x_BCD, ctx, slide[..., -x_BCD.shape[1]:])
+    return decoder_variants.adjust_logits(self, x_BCD, self._logits(x_BCD), segment_ids_BC, num_canvases, prev_logits_BKV)
 
   def __call__(self, tokens_BT, positions_BT, segment_ids_BT, canvas_BC, positions_BC, segment_ids_BC,
                sc_logits_BCV=None, sc_mask_B=None, return_enc_logits: bool = True):
@@ -475,8 +475,8 @@ def param_shapes(cfg: ModelConfig) -> Any:
 
 def abstract_params(cfg: ModelConfig, mesh, axis_rules, quantize: Optional[Callable[[Any], Any]] = None) -> Any:
   """The parameter tree as jax.ShapeDtypeStruct leaves placed on `mesh` by their logical axis names and
-  `axis_rules` (what a checkpoint is restored onto). `quantize`: boxed tree -> boxed tree with `QArray`s (a QLoRA
-  run's frozen base, `dgemma.finetune.base_quantizer`)."""
+  `axis_rules` (what a checkpoint is restored onto). `quantize`: boxed tree -> boxed tree with `QArray`s (the
+  `boxed` method of a `dgemma.quant.Quantizer`: a QLoRA run's frozen base, `dgemma.finetune.base_quantizer`)."""
   boxed = boxed_param_shapes(cfg)
   return place(boxed if quantize is None else quantize(boxed), mesh, axis_rules)[0]
 

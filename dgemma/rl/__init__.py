@@ -7,5 +7,5 @@
   grpo.py     GRPO's arithmetic: group advantages, the clipped losses, the KL
 and the loop's RL step (rollouts with the jitted sampler, rewards, updates) is dgemma/train/rl_step.py.
 
-  python train.py --config=configs/rl_sudoku.py:BASE --workdir=workdirs/rl_sudoku   (BASE: the supervised run)
+  python train.py --config=CONFIG --workdir=workdirs/rl   (CONFIG: an rl.algorithm='grpo' config; docs/rl.md)
 """

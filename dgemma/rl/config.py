@@ -1,7 +1,7 @@
-"""`config.rl` as typed settings, each key declared once (dgemma/fields.py): reinforcement learning of the diffusion
+"""`config.rl` as typed settings, each key declared once (dgemma/settings_fields.py): reinforcement learning of the diffusion
 model on its own samples (dgemma/rl/__init__.py). dgemma.settings builds it from an experiment config.
 
-  RLSettings(algorithm="grpo", reward="sudoku", group_size=8)
+  RLSettings(algorithm="grpo", reward="exact_match", group_size=8)
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from dgemma import fields
-from dgemma.fields import setting
+from dgemma import settings_fields
+from dgemma.settings_fields import setting
 from dgemma.rl import reward as reward_lib
 
 ALGORITHMS = ("none", "grpo")
@@ -23,8 +23,8 @@ class RLSettings:
   GROUP: ClassVar[str] = "rl"
   algorithm: str = setting("none", "'none' (supervised training) | 'grpo' (train.py trains the policy on rewards of "
                            "its own samples)", choices=ALGORITHMS)
-  reward: str = setting("", "a record of dgemma.rl.reward: 'exact_match' | 'python' (rl.reward_fn) | a "
-                        "study's ('sudoku', 'sudoku_partial', 'countdown')", choices=lambda: ("",) + reward_lib.names())
+  reward: str = setting("", "a record of dgemma.rl.reward: 'exact_match' | 'python' (rl.reward_fn) | a study's "
+                        "(registered by a module of `imports`)", choices=lambda: ("",) + reward_lib.names())
   reward_fn: str = setting("", "reward 'python': 'module.path:function', called with the completion's text (and "
                            "prompt=, reference= when it takes them), returning a float")
   group_size: int = setting(8, "G: samples drawn per prompt (a group); advantages are normalised within it", lo=2)
@@ -46,11 +46,11 @@ class RLSettings:
                                  lo_open=True)
 
   def __post_init__(self):
-    fields.check(self)
+    settings_fields.check(self)
     if self.algorithm != "none":
-      fields.need(bool(self.reward), "rl.reward", f"rl.algorithm={self.algorithm!r} needs a reward: one of "
+      settings_fields.need(bool(self.reward), "rl.reward", f"rl.algorithm={self.algorithm!r} needs a reward: one of "
                   f"{reward_lib.names()}")
-    fields.need(self.reward != "python" or bool(self.reward_fn), "rl.reward_fn",
+    settings_fields.need(self.reward != "python" or bool(self.reward_fn), "rl.reward_fn",
                 "rl.reward='python' needs the function: 'module.path:function'")
 
   @property

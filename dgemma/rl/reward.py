@@ -9,13 +9,9 @@ Rewards run on the host, between the jitted rollout and the jitted update (dgemm
   exact_match  1 when the completion equals the reference (both stripped of surrounding whitespace), else 0
   python       the user's function `rl.reward_fn = 'module.path:function'`: called per sample with the completion's
                text, plus prompt= and reference= when its signature takes them; returns a float
-and a study's rewards (proj/<study>/, registered by `register` when its module is imported; `STUDY_REWARDS`
-lists the modules imported before the table is read):
-  sudoku          1 when the completion solves the prompt's puzzle (proj/sudoku/reward.py)
-  sudoku_partial  the same, with partial credit for an unsolved grid
-  countdown       1 when the expression reaches the prompt's target with each of its numbers once
-                  (proj/countdown/reward.py)
-Adding a reward touches this table (or, for a study, its own module) and its test.
+A study's rewards (proj/<study>/) are added by `register` when its module is imported: a config that uses one names
+that module in `imports`, which dgemma.settings imports before it checks rl.reward. Adding a reward touches this
+table (or, for a study, its own module) and its test.
 """
 
 from __future__ import annotations
@@ -54,8 +50,6 @@ REWARDS: dict[str, Reward] = {r.name: r for r in (
     Reward("exact_match", per_sample(_exact_match), "1 when the completion equals the reference (stripped)"),
     Reward("python", None, "rl.reward_fn = 'module.path:function', text -> float"),
 )}
-STUDY_REWARDS = ("proj.sudoku.reward", "proj.countdown.reward")  # modules that register a study's rewards when imported
-_studies_loaded = False
 
 
 def register(reward: Reward) -> Reward:
@@ -65,11 +59,7 @@ def register(reward: Reward) -> Reward:
 
 
 def names() -> tuple[str, ...]:
-  """Every reward's name, the studies' included (a study that is not installed is left out)."""
-  global _studies_loaded
-  if not _studies_loaded:
-    _studies_loaded = True
-    registry.import_studies(STUDY_REWARDS)
+  """Every reward's name, those of the studies imported so far included."""
   return tuple(REWARDS)
 
 
@@ -90,7 +80,8 @@ def _python_score(fn: Callable) -> ScoreFn:
 def scorer(rl) -> ScoreFn:
   """The batch score of the settings `rl` (an RLSettings) name; errors name the field."""
   if rl.reward not in names():
-    raise ConfigError(f"rl.reward: {rl.reward!r} not in {names()}")
+    raise ConfigError(f"rl.reward: {rl.reward!r} not in {names()} (a study's reward is registered by the module the "
+                      "config names in `imports`)")
   if rl.reward == "python":
     return _python_score(registry.load_function(rl.reward_fn, "rl.reward_fn"))
   return REWARDS[rl.reward].score

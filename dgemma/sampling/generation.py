@@ -317,7 +317,8 @@ _generate_jit = sharding.jit_with_axis_rules(_generate_impl, static_argnums=(0, 
 
 def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: SamplerConfig, rng,
              max_new_tokens: int, return_trajectory: bool | str = False, *,
-             infill_tokens_BN=None, infill_mask_BN=None, step_callback=None, row_active_B=None) -> GenerateOutput:
+             infill_tokens_BN=None, infill_mask_BN=None, step_callback=None, row_active_B=None,
+             check: bool = True) -> GenerateOutput:
   """Generates up to `max_new_tokens` per prompt with the DiffusionGemma sampler.
 
   model / params: a dgemma `Transformer` and its params.
@@ -334,6 +335,7 @@ def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: Sam
     The call returns once every step has been delivered.
   row_active_B: bool [B] (default all True); a False row is padding (`bucketed_shape`): it starts ended, takes
     no decoder pass and returns no tokens.
+  check: whether to run `check_request` on the request (False: the caller checked it, e.g. dgemma.load's Model).
   Bad requests raise (ConfigError / ValueError naming the field) before anything is compiled.
   """
   if not isinstance(sampler_cfg, SamplerConfig):
@@ -342,7 +344,8 @@ def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: Sam
   if len(prompt_shape) != 2:
     raise ValueError(f"prompt_tokens_BP: expected [batch, prompt_len], got shape {prompt_shape}")
   batch, prompt_len = prompt_shape
-  check_request(sampler_cfg, batch=batch, prompt_len=prompt_len, max_new_tokens=max_new_tokens)
+  if check:
+    check_request(sampler_cfg, batch=batch, prompt_len=prompt_len, max_new_tokens=max_new_tokens)
   max_new_tokens = int(max_new_tokens)
   if np.shape(prompt_lengths_B) != (batch,):
     raise ValueError(f"prompt_lengths_B: expected shape ({batch},), got {np.shape(prompt_lengths_B)}")
@@ -396,7 +399,7 @@ def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: Sam
 def trajectory_steps(traj: Trajectory, row: int = 0, canvas: int = 0):
   """One row's record of one canvas as numpy, the steps it ran only: (tokens_SC, accepted_SC,
   entropy_SC), tokens being what the step produced before re-noising (`Trajectory.shown`):
-  the inputs of `dgemma.report.trajectory_html`. `canvas` indexes the trajectory's leading axis
+  the inputs of `dgemma.run_report.trajectory_html`. `canvas` indexes the trajectory's leading axis
   (always 0 for return_trajectory='first')."""
   t = jax.tree.map(lambda x: np.asarray(x[canvas]), traj)
   steps = np.flatnonzero(t.active_SB[:, row])

@@ -3,22 +3,27 @@ turned into typed, frozen settings here, once; everything below takes the typed 
 
   settings = dgemma.settings.from_config(config)   # every check; raises ConfigError naming the field
   settings.model       ModelConfig (dgemma.model), with the LoRA layout of `finetune`
-  settings.data        DataSettings (+ .tokenizer, .sudoku)          settings.diffusion  DiffusionSettings
+  settings.data        DataSettings (+ .tokenizer, and a study's group)   settings.diffusion  DiffusionSettings
   settings.opt         OptimizerSettings   settings.train  TrainSettings   settings.distill  DistillSettings
   settings.finetune    FinetuneSettings    settings.eval   EvalSettings    settings.mesh     MeshSettings
-  settings.sample      SampleSettings (.sampler: SamplerConfig, .quant: QuantConfig, the request)
+  settings.sample      SampleSettings (the request, the sampler's keys, .quant: QuantConfig)
   settings.rl          RLSettings (dgemma/rl: GRPO on the model's own samples)
-  settings.seed        int
+  settings.seed        int;  settings.imports   the study modules the config names
   settings.replace(**{"sample.t_max": 0.6})   # typed overrides of single keys, checked as a config would be
+Values derived from them are computed, never stored beside them: `settings.end_ids` (sample.end_ids, or the
+tokenizer's), `settings.canvas_sampler` (the SamplerConfig a compiled sampler takes, checked against the training
+objective), `dgemma.finetune.base_quantizer(settings.finetune)` (a QLoRA run's frozen base).
 
 Each key is declared once, with its type, default, bounds and doc, in the dataclass of its group
-(dgemma/fields.py; `python -m dgemma.settings` lists them all). `default_config()` is the raw config of every
-default: configs/base.py is it. Checks, all before anything is built, read or compiled: every key must be
-declared; each group checks its values and their relations when built; `_cross_checks` the relations between
-groups (the canvas fits the sequence, the tokenizer fits the vocabulary, an mdlm mask id is not a real token, ...).
-The data source's own checks (its record in `dgemma.data.sources`: files exist, Sudoku shapes) run where its data
-is first needed (`dgemma.data.prepare`), so sampling a run does not need its training files. A run's config.json
-is `to_json(settings)`; `from_json` reads one back over today's defaults (a key added since keeps its default).
+(dgemma/settings_fields.py; `python -m dgemma.settings` lists them all); the field's name is the key. A study's
+modules (its data source, rewards, settings group) are named by the config's `imports` and imported before the rest
+of it is read. `default_config()` is the raw config of every default: configs/base.py is it. Checks, all before
+anything is built, read or compiled: every key must be declared; each group checks its values and their relations
+when built; `_cross_checks` the relations between groups (the canvas fits the sequence, the tokenizer fits the
+vocabulary, an mdlm mask id is not a real token, ...). The data source's own checks (its record in
+`dgemma.data.sources`: files exist, shapes fit) run where its data is first needed (`dgemma.data.prepare`), so
+sampling a run does not need its training files. A run's config.json is `to_json(settings)`; `from_json` reads one
+back over today's defaults (a key added since keeps its default).
 """
 
 from __future__ import annotations
@@ -27,25 +32,27 @@ import dataclasses
 import functools
 import json
 import os
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import ml_collections
 
-from dgemma import fields, finetune as finetune_lib, files, quant, tokenizers
+from dgemma import files, finetune as finetune_lib, quant, registry, settings_fields, tokenizers
 from dgemma.diffusion import distill as distill_lib, objectives
 from dgemma.diffusion.config import DiffusionSettings
 from dgemma.errors import ConfigError
-from dgemma.fields import group, setting
 from dgemma.model.config import ModelConfig
 from dgemma.rl.config import RLSettings
-from dgemma.sampling.config import BEGIN_OF_TOOL_RESPONSE_ID, END_OF_TURN_ID, EOS_ID, SamplerConfig
+from dgemma.sampling.config import (BEGIN_OF_TOOL_RESPONSE_ID, END_OF_TURN_ID, EOS_ID, SampleSettings, SamplerConfig,
+                                    SamplerSettings)
 from dgemma.settings.groups import (DataSettings, DistillSettings, EvalSettings, FinetuneSettings, MeshSettings,
-                                    MeshShape, OptimizerSettings, SampleSettings, SudokuSettings, TokenizerSettings,
-                                    TrainSettings)
+                                    MeshShape, OptimizerSettings, TokenizerSettings, TrainSettings)
 from dgemma.settings.resume import (RUNTIME_MODEL_FIELDS, architecture_differences, model_differences,
                                     training_differences)
+from dgemma.settings_fields import group, setting
 
 LIST_COMMAND = "python -m dgemma.settings lists every key with its default and doc"
+IMPORTS_DOC = ("modules imported before the rest of the config is read: a study's data source, rewards, eval "
+               "metrics and settings groups register themselves from its modules (proj/<study>/)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +60,7 @@ class Settings:
   """Every group of a config, typed and checked (module docstring)."""
   GROUP: ClassVar[str] = ""
   seed: int = setting(0, "the run's seed: initialisation, data order, training noise")
+  imports: tuple = setting((), IMPORTS_DOC, items=str)
   model: ModelConfig = group(ModelConfig, "the architecture: a preset from configs/models/")
   data: DataSettings = group(DataSettings, "which text, how it is tokenized and packed")
   diffusion: DiffusionSettings = group(DiffusionSettings, "uniform-state corruption and the training objective")
@@ -66,33 +74,39 @@ class Settings:
   mesh: MeshSettings = group(MeshSettings, "the device mesh: a preset from configs/mesh/")
 
   def __post_init__(self):
-    fields.check(self)
+    settings_fields.check(self)
     _cross_checks(self)
 
   @property
   def objective(self) -> objectives.Objective:
     return objectives.get(self.diffusion.objective)
 
-  @property
+  @functools.cached_property
+  def end_ids(self) -> tuple[int, ...]:
+    """The tokens that end a response: sample.end_ids, or () = the tokenizer's (`tokenizer_end_ids`); ids outside
+    the model's vocabulary are dropped."""
+    ids = self.sample.end_ids or tokenizer_end_ids(self.data, self.sample.semantics)
+    return tuple(i for i in ids if i < self.model.vocab_size)
+
+  @functools.cached_property
+  def sampler_config(self) -> SamplerConfig:
+    """The sampler's keys with the values the other groups give it (canvas, end ids, mask id, leave-one-out
+    logits); `canvas_sampler` is the same, checked against the training objective."""
+    return SamplerConfig(self.sample.sampler_settings, canvas_len=self.diffusion.canvas_len, end_ids=self.end_ids,
+                         mask_id=self.diffusion.mask_id, loo_logits=self.objective.leave_one_out)
+
+  @functools.cached_property
   def canvas_sampler(self) -> SamplerConfig:
     """The canvas sampler, checked against the objective the model was trained with."""
     objective = self.objective
     if objective.autoregressive:
       raise ConfigError("diffusion.objective='ar' trains an autoregressive model: sample it with "
                         "dgemma.sampling.ar_generate (the API does so), not the canvas sampler")
-    if self.sample.sampler.sampler not in objective.samplers:
-      raise ConfigError(f"sample.sampler={self.sample.sampler.sampler!r} does not fit diffusion.objective="
+    if self.sample.sampler not in objective.samplers:
+      raise ConfigError(f"sample.sampler={self.sample.sampler!r} does not fit diffusion.objective="
                         f"{objective.name!r} (it takes {objective.samplers}): masked-diffusion (mdlm) models "
                         "need sample.sampler='masked', and only they")
-    return self.sample.sampler
-
-  @property
-  def base_quant(self) -> quant.QuantConfig:
-    """How a fine-tuning run holds its frozen base (finetune.base_quant, finetune.base_quant_group_size; the
-    embedding is quantized too). Its own keys, not sample.quant's: sampling a run with other quantization settings
-    keeps the base it trained against."""
-    return quant.QuantConfig(scheme=self.finetune.base_quant, group_size=self.finetune.base_quant_group_size,
-                             embedding=True)
+    return self.sampler_config
 
   @property
   def config_json(self) -> str:
@@ -100,13 +114,13 @@ class Settings:
     return to_json(self)
 
   def replace(self, **dotted) -> "Settings":
-    """These settings with single keys replaced, e.g. `settings.replace(**{"sample.t_max": 0.6})`: each group
-    touched is rebuilt (its checks run), and so are the values derived from it (the sampler's end ids); the
-    cross checks run again."""
-    raw = fields.to_raw(self)
+    """These settings with single keys replaced, e.g. `settings.replace(**{"sample.t_max": 0.6})`: every group is
+    built again from the raw values (its checks run), and so are the values derived from them; the cross checks
+    run again."""
+    raw = settings_fields.to_raw(self)
     for key, value in dotted.items():
       _set_raw(raw, key, value)
-    return _build(raw)
+    return _build(raw, self.imports)
 
 
 def _set_raw(raw: dict, dotted: str, value) -> None:
@@ -127,9 +141,21 @@ def _config_dict(tree: dict) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({k: _config_dict(v) if isinstance(v, dict) else v for k, v in tree.items()})
 
 
-def default_config() -> ml_collections.ConfigDict:
-  """The raw config of every default (configs/base.py); its model is the released 26B-A4B trunk."""
-  return _config_dict(fields.defaults(Settings))
+def _imports(raw) -> tuple[str, ...]:
+  """The config's `imports`, checked and imported (each registers its study's records)."""
+  value = raw["imports"] if "imports" in raw else ()
+  modules = settings_fields.value("imports", value, settings_fields.keys(Settings)["imports"])
+  registry.import_modules(modules, "imports")
+  return modules
+
+
+def default_config(imports: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """The raw config of every default (configs/base.py); its model is the released 26B-A4B trunk. `imports`: study
+  modules to import first (their groups join the config, `imports` names them)."""
+  modules = _imports({"imports": tuple(imports)})
+  config = settings_fields.defaults(Settings, modules)
+  config["imports"] = modules
+  return _config_dict(config)
 
 
 def from_config(config: ml_collections.ConfigDict) -> Settings:
@@ -138,39 +164,30 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   if not isinstance(config, ml_collections.ConfigDict):
     raise ConfigError(f"config: expected an ml_collections.ConfigDict from a configs/*.py get_config(), got "
                       f"{type(config).__name__}")
-  unknown = fields.unknown_keys(Settings, config, "")
+  modules = _imports(config)
+  unknown = settings_fields.unknown_keys(Settings, config, "", modules)
   if unknown:
-    raise ConfigError(f"unknown config key(s): {', '.join(unknown)} ({LIST_COMMAND})")
-  return _build(config)
+    hint = (" (a study's group exists when the config's `imports` name the module that registers it)"
+            if any(k.count(".") > 1 for k in unknown) else "")
+    raise ConfigError(f"unknown config key(s): {', '.join(unknown)} ({LIST_COMMAND}){hint}")
+  return _build(config, modules)
 
 
-def _build(raw) -> Settings:
-  """Settings from a raw config whose keys are known: the groups in the order their derived values need."""
-  finetune = fields.from_raw(FinetuneSettings, raw["finetune"] if "finetune" in raw else {})
-  model = dataclasses.replace(fields.from_raw(ModelConfig, raw["model"] if "model" in raw else {}),
-                              lora=finetune_lib.lora_config(finetune))  # adapters are params too
-  data = fields.from_raw(DataSettings, raw["data"] if "data" in raw else {})
-  diffusion = fields.from_raw(DiffusionSettings, raw["diffusion"] if "diffusion" in raw else {})
-  diffusion.check_row(data.seq_len)
-  sample_raw = raw["sample"] if "sample" in raw else {}
-  end_ids = fields.value("sample.end_ids", sample_raw["end_ids"] if "end_ids" in sample_raw else (),
-                         fields.keys(SampleSettings)["end_ids"])
-  semantics = fields.value("sample.semantics", sample_raw["semantics"] if "semantics" in sample_raw else "hf",
-                           fields.keys(SampleSettings)["semantics"])
-  resolved = end_ids or tokenizer_end_ids(data, semantics)
-  sampler = dict(canvas_len=diffusion.canvas_len, end_ids=tuple(i for i in resolved if i < model.vocab_size),
-                 mask_id=diffusion.mask_id, loo_logits=diffusion.objective_record.leave_one_out)
-  sample = fields.from_raw(SampleSettings, sample_raw, sampler=sampler)
-  groups = dict(finetune=finetune, model=model, data=data, diffusion=diffusion, sample=sample)
-  for name, cls in (("distill", DistillSettings), ("opt", OptimizerSettings), ("train", TrainSettings),
-                    ("eval", EvalSettings), ("mesh", MeshSettings), ("rl", RLSettings)):
-    groups[name] = fields.from_raw(cls, raw[name] if name in raw else {})
-  return Settings(seed=raw["seed"] if "seed" in raw else 0, **groups)
+def _build(raw, modules: tuple[str, ...]) -> Settings:
+  """Settings from a raw config whose keys are known and whose `imports` (`modules`) are imported."""
+  finetune = settings_fields.from_raw(FinetuneSettings, raw["finetune"] if "finetune" in raw else {})
+  groups = dict(finetune=finetune)
+  for f, spec in settings_fields.declared(Settings):
+    if spec.kind == "group" and f.name not in groups:
+      groups[f.name] = settings_fields.from_raw(spec.group, raw[f.name] if f.name in raw else {}, modules)
+  groups["model"] = dataclasses.replace(groups["model"], lora=finetune_lib.lora_config(finetune))  # adapters: params
+  groups["diffusion"].check_row(groups["data"].seq_len)
+  return Settings(seed=raw["seed"] if "seed" in raw else 0, imports=modules, **groups)
 
 
 def _cross_checks(st: Settings) -> None:
   """Relations between groups (each group checked its own when built)."""
-  need = fields.need
+  need = settings_fields.need
   model, data, diff = st.model, st.data, st.diffusion
   need(diff.canvases_per_row == 1 or data.format != "sft", "diffusion.canvases_per_row",
        f"data.format='sft' rows hold one response canvas; use 1, got {diff.canvases_per_row}")
@@ -200,8 +217,9 @@ def _cross_checks(st: Settings) -> None:
   for pos, token in st.sample.infill:
     need(token < model.vocab_size, "sample.infill", f"token id {token} at position {pos} is outside the vocabulary "
          f"[0, model.vocab_size={model.vocab_size})")
-  if st.finetune.base_quant != "none":
-    quant.check(model, st.base_quant, "finetune.base_quant_group_size")  # it divides every quantized axis
+  base = finetune_lib.base_quantizer(st.finetune)
+  if base is not None:
+    quant.check(model, base.config)  # finetune.base_quant_group_size divides every quantized axis
   if distill_lib.enabled(st.distill):
     need(diff.short_canvas_len == 0, "diffusion.short_canvas_len",
          f"consistency distillation trains the configured canvases only; use 0, got {diff.short_canvas_len}")
@@ -212,19 +230,20 @@ def _cross_checks(st: Settings) -> None:
          f"diffusion.objective={st.objective.name!r} is not uniform-state")
   if st.rl.enabled:
     _rl_checks(st)
-  expert_axis = st.mesh.size("expert")
+  expert_axis = st.mesh.shape.expert
   if model.moe_impl == "expert_parallel" and model.num_experts and expert_axis > 0:
     need(model.num_experts % expert_axis == 0, "model.num_experts",
          f"{model.num_experts} experts do not split over mesh.shape.expert={expert_axis} devices "
          "(moe_impl='expert_parallel' needs num_experts % expert == 0)")
   if st.sample.quant.scheme != "none":
     quant.check(model, st.sample.quant)  # sample.quant_group_size against this architecture (shapes only)
+  st.sampler_config  # pylint: disable=pointless-statement  (the sampler's derived values, checked when built)
 
 
 def _rl_checks(st: Settings) -> None:
   """What reinforcement learning (rl.algorithm, dgemma/rl) needs from the other groups."""
-  need = fields.need
-  rl, sampler = st.rl, st.sample.sampler
+  need = settings_fields.need
+  rl, sampler = st.rl, st.sample
   need(not st.objective.autoregressive and not st.objective.masked, "rl.algorithm",
        f"GRPO samples with the uniform-state canvas sampler; diffusion.objective={st.objective.name!r} is not one")
   need(sampler.sampler == "released", "sample.sampler", f"rl samples with the released sampler, whose trajectory "
@@ -256,21 +275,29 @@ def tokenizer_end_ids(data: DataSettings, semantics: str = "hf") -> tuple[int, .
   official sampler does."""
   if data.tokenizer.kind != "file":
     return (EOS_ID,)
-  ids = ((EOS_ID, END_OF_TURN_ID) if not os.path.isfile(data.tokenizer.path)
-         else _file_end_ids(data.tokenizer.path, os.stat(data.tokenizer.path).st_mtime_ns))
+  ids = (EOS_ID, END_OF_TURN_ID) if not os.path.isfile(data.tokenizer.path) else _file_end_ids(data.tokenizer.path)
   if semantics == "official" and len(ids) > 1:
     ids = ids + (BEGIN_OF_TOOL_RESPONSE_ID,)
   return ids
 
 
-@functools.lru_cache(maxsize=8)
-def _file_end_ids(path: str, mtime_ns: int) -> tuple[int, ...]:
-  del mtime_ns  # part of the cache key: a rewritten file is read again
+def _file_end_ids(path: str) -> tuple[int, ...]:
   try:
     tokenizer = tokenizers.load_tokenizer_file(path)
   except (ValueError, OSError) as e:
     raise ConfigError(f"data.tokenizer.path: {e}") from e
   return tokenizers.end_ids(tokenizer)
+
+
+def run_model(config_json: str, source: str | os.PathLike = "config.json"
+              ) -> tuple[ModelConfig, "quant.Quantizer | None"]:
+  """What a checkpoint's reader needs of the config.json of the run its weights come from, without building the rest
+  of the settings: the architecture with its LoRA layout, and how the run holds its frozen base (a QLoRA run's
+  `finetune.base_quant`, `dgemma.finetune.base_quantizer`; None for float weights). Errors name `source`."""
+  raw = from_json(config_json, source)
+  finetune = settings_fields.from_raw(FinetuneSettings, raw.finetune)
+  model = dataclasses.replace(settings_fields.from_raw(ModelConfig, raw.model), lora=finetune_lib.lora_config(finetune))
+  return model, finetune_lib.base_quantizer(finetune)
 
 
 # ---- editing a raw config (above the boundary: config files, command lines) ----------------------------
@@ -302,18 +329,19 @@ def with_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collectio
 def to_json(config) -> str:
   """A run's config.json text, from Settings (every key's value) or from a raw config."""
   if isinstance(config, Settings):
-    return json.dumps(fields.to_raw(config), indent=2, sort_keys=True)
+    return json.dumps(settings_fields.to_raw(config), indent=2, sort_keys=True)
   return config.to_json_best_effort(indent=2, sort_keys=True)
 
 
 def from_json(text: str, source: str | os.PathLike = "config.json") -> ml_collections.ConfigDict:
   """The raw config of a config.json text, laid over today's defaults, so a run saved before a key existed still
   loads, with that key at its default. Tuples come back as lists. A damaged text is an error naming `source`
-  (the file it was read from)."""
-  config = default_config()
+  (the file it was read from). The study modules it names (`imports`) are imported first, so their groups are
+  there to lay values on."""
   values = files.parse_json(text, source)
   if not isinstance(values, dict):
     raise ConfigError(f"{source}: holds {type(values).__name__}, not a config (a JSON object)")
+  config = default_config(values.get("imports", ()))
   _merge(config, values)
   return config
 
@@ -333,7 +361,7 @@ def _merge(config: ml_collections.ConfigDict, values: dict) -> None:
 
 
 __all__ = ["Settings", "from_config", "default_config", "to_json", "from_json", "load_json", "set_key",
-           "with_overrides", "tokenizer_end_ids", "model_differences", "architecture_differences",
-           "training_differences", "RUNTIME_MODEL_FIELDS", "DataSettings", "TokenizerSettings", "SudokuSettings",
-           "OptimizerSettings", "TrainSettings", "DistillSettings", "FinetuneSettings", "SampleSettings",
+           "with_overrides", "tokenizer_end_ids", "run_model", "model_differences", "architecture_differences",
+           "training_differences", "RUNTIME_MODEL_FIELDS", "DataSettings", "TokenizerSettings",
+           "OptimizerSettings", "TrainSettings", "DistillSettings", "FinetuneSettings", "SampleSettings", "SamplerSettings",
            "EvalSettings", "MeshSettings", "MeshShape", "RLSettings", "DiffusionSettings", "ModelConfig", "SamplerConfig"]

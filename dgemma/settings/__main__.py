@@ -7,13 +7,13 @@ dgemma/settings and of the groups it holds).
 
 import sys
 
-from dgemma import fields
+from dgemma import settings_fields
 from dgemma.settings import Settings
 
 
 def main(argv: list[str]) -> None:
   prefix = argv[1] if len(argv) > 1 else ""
-  for key, kind, default, limits, doc in fields.rows(Settings):
+  for key, kind, default, limits, doc in settings_fields.rows(Settings):
     if key == prefix or key.startswith(prefix + ".") or not prefix:
       print(f"{key} ({kind}) = {default!r}" + (f"  [{limits}]" if limits else "") + f"\n    {doc}")
 

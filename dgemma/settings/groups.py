@@ -1,7 +1,8 @@
-"""The config groups declared here, each key once (dgemma/fields.py): data, opt, train, distill, finetune, sample
-(the request; the sampler's and the quantization's keys are declared by SamplerConfig and QuantConfig), eval and
-mesh. model (ModelConfig) and diffusion (DiffusionSettings) are declared in their packages. Each group checks
-its own keys and their relations when built; relations between groups are dgemma.settings' cross checks.
+"""The config groups declared here, each key once (dgemma/settings_fields.py): data, opt, train, distill, finetune,
+eval and mesh. The groups of a lower package are declared beside the code that owns them: model (ModelConfig,
+dgemma/model/config.py), diffusion (DiffusionSettings, dgemma/diffusion/config.py), sample (SampleSettings,
+dgemma/sampling/config.py) and rl (RLSettings, dgemma/rl/config.py). Each group checks its own keys and their
+relations when built; relations between groups are dgemma.settings' cross checks.
 """
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ import dataclasses
 import math
 from typing import ClassVar
 
-from dgemma import fields, finetune as finetune_lib, mesh as mesh_lib, quant, tokenizers
+from dgemma import finetune as finetune_lib, mesh as mesh_lib, quant, settings_fields, tokenizers
 from dgemma.data import sources
 from dgemma.diffusion import distill as distill_lib
-from dgemma.fields import group, setting
 from dgemma.model.sharding import MESH_AXES
-from dgemma.sampling.config import SamplerConfig
+from dgemma.settings_fields import group, setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,37 +27,18 @@ class TokenizerSettings:
   path: str = setting("", "a SentencePiece .model or tokenizer.json file when kind == 'file'")
 
   def __post_init__(self):
-    fields.check(self)
+    settings_fields.check(self)
     if self.kind == "sentencepiece":
       tokenizers.check_sentencepiece_vocab_size(self.vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)
-class SudokuSettings:
-  GROUP: ClassVar[str] = "data.sudoku"
-  train_csv: str = setting("", "puzzle,solution CSV (python -m proj.sudoku.make_csv); '' = generate")
-  validation_csv: str = setting("", "the same for the validation split; '' = generate")
-  num_train: int = setting(2000, "puzzles generated (unique solutions) when train_csv is empty", lo=0)
-  num_validation: int = setting(200, "... and when validation_csv is empty; cached under data.cache_dir/sudoku",
-                                lo=0)
-  min_blanks: int = setting(30, "blanks per generated puzzle ~ U{min_blanks..max_blanks}", lo=0, hi=64)
-  max_blanks: int = setting(45, "the most blanks of a generated puzzle", lo=0, hi=64)
-  augment: bool = setting(True, "train rows: a random validity-preserving symmetry per row (seeded)")
-  infill_givens: bool = setting(False, "the givens' canvas cells stay clean in training (unscored) and are held "
-                                "by the sampler's infilling in eval (diffusion runs only)")
-
-  def __post_init__(self):
-    fields.check(self)
-    fields.need(self.min_blanks <= self.max_blanks, "data.sudoku.min_blanks",
-                f"need min_blanks <= max_blanks, got {self.min_blanks}..{self.max_blanks}")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSettings:
-  """`config.data`: which text, how it is tokenized and packed (dgemma.data)."""
+class DataSettings(settings_fields.Extensible):
+  """`config.data`: which text, how it is tokenized and packed (dgemma.data). A study's data source may add a group
+  of its own here (`settings_fields.register_group`: a study's `data.<name>` keys)."""
   GROUP: ClassVar[str] = "data"
   source: str = setting("shakespeare", "a record of dgemma.data.sources: 'shakespeare' (bundled) | 'files' | "
-                        "'tfds' | a study's source ('sudoku')", choices=sources.names)
+                        "'tfds' | a study's (registered by a module of `imports`)", choices=sources.names)
   files: tuple = setting((), ".txt / .jsonl paths when source == 'files'", items=str)
   txt_mode: str = setting("line", ".txt files: 'line' (one document per line) | 'file'", choices=("line", "file"))
   jsonl_field: str = setting("text", ".jsonl: the field that holds the document")
@@ -73,7 +54,6 @@ class DataSettings:
   encoding_errors: str = setting("strict", "invalid UTF-8 in data files: 'strict' (an error naming the file and "
                                  "line) | 'replace' (U+FFFD for each bad byte)", choices=("strict", "replace"))
   tokenizer: TokenizerSettings = group(TokenizerSettings, "the tokenizer (dgemma/tokenizers.py)")
-  sudoku: SudokuSettings = group(SudokuSettings, "the Sudoku source's rows [BOS, 81 puzzle | 81 solution digits]")
   format: str = setting("text", "'text' (packed documents) | 'sft' (.jsonl prompt/response or chat records, "
                         "dgemma/data/sft.py)", choices=("text", "sft"))
   prompt_field: str = setting("prompt", "format='sft': the .jsonl field of the prompt ...")
@@ -84,9 +64,9 @@ class DataSettings:
                               choices=("truncate_left", "error"))
 
   def __post_init__(self):
-    fields.check(self)
-    fields.need(bool(self.cache_dir), "data.cache_dir", "must name a directory")
-    fields.need(self.format != "sft" or self.source == "files", "data.format",
+    settings_fields.check(self)
+    settings_fields.need(bool(self.cache_dir), "data.cache_dir", "must name a directory")
+    settings_fields.need(self.format != "sft" or self.source == "files", "data.format",
                 f"'sft' reads .jsonl records from data.files; set data.source='files' (got {self.source!r})")
 
 
@@ -113,7 +93,7 @@ class OptimizerSettings:
   muon_momentum: float = setting(0.95, "'muon': the matrices' (Nesterov) momentum", lo=0.0, hi=1.0, hi_open=True)
 
   def __post_init__(self):
-    fields.check(self)
+    settings_fields.check(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +120,7 @@ class TrainSettings:
                                        choices=("fallback", "error"))
 
   def __post_init__(self):
-    fields.check(self)
+    settings_fields.check(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +137,9 @@ class DistillSettings:
                             choices=lambda: tuple(distill_lib.DIVERGENCES))
 
   def __post_init__(self):
-    fields.check(self)
+    settings_fields.check(self)
     ratio = self.teacher_steps / self.student_steps
-    fields.need(self.teacher_steps % self.student_steps == 0 and ratio >= 1 and math.log2(ratio).is_integer(),
+    settings_fields.need(self.teacher_steps % self.student_steps == 0 and ratio >= 1 and math.log2(ratio).is_integer(),
                 "distill.teacher_steps", f"teacher_steps / student_steps must be a power of 2 (dt doubles each "
                 f"round), got {self.teacher_steps} / {self.student_steps}")
 
@@ -185,41 +165,11 @@ class FinetuneSettings:
                                        "channel); must divide it", lo=0)
 
   def __post_init__(self):
-    fields.check(self)
+    settings_fields.check(self)
     finetune_lib.lora_config(self)  # the targets, and what is left to train
-    fields.need(self.base_quant == "none" or self.mode != "full", "finetune.base_quant",
+    settings_fields.need(self.base_quant == "none" or self.mode != "full", "finetune.base_quant",
                 f"{self.base_quant!r} needs a frozen base: finetune.mode 'lora' or 'head_only' (full trains every "
                 "weight, which cannot be held quantized)")
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleSettings:
-  """`config.sample`: one generation request (prompt, rows, length, seed, which checkpoint step, outputs), the
-  sampler's static settings (`sampler`, whose keys SamplerConfig declares) and weight quantization at load
-  (`quant`, QuantConfig's keys)."""
-  GROUP: ClassVar[str] = "sample"
-  prompt: str = setting("", "text after BOS; with max_new_tokens it must fit max_context")
-  num_samples: int = setting(1, "rows generated from the prompt", lo=1)
-  max_new_tokens: int = setting(256, "response length cap, generated canvas by canvas", lo=1)
-  seed: int = setting(0, "sampling seed (row b draws from fold_in(key(seed), b))")
-  checkpoint_step: int = setting(-1, "a run's checkpoint step to sample (-1 = the latest)", lo=-1)
-  trajectory_html: str = setting("", "write one denoising trajectory as HTML here")
-  infill: tuple = setting((), "((response position, token id), ...) held fixed in every row", items="pair")
-  end_ids_setting: tuple = setting((), "tokens that end a response; () = auto: EOS (1), plus <turn|> (106) for a "
-                                   "tokenizer file", items=int, key="end_ids")
-  sampler: SamplerConfig = group(SamplerConfig, "the sampler", flatten=True)
-  quant: quant.QuantConfig = group(quant.QuantConfig, "weight-only quantization at load", flatten=True)
-
-  def __post_init__(self):
-    fields.check(self)
-    for pos, token in self.infill:
-      fields.need(pos >= 0 and token >= 0, "sample.infill", f"positions and token ids are >= 0, got {(pos, token)}")
-      fields.need(pos < self.max_new_tokens, "sample.infill",
-                  f"position {pos} is outside the response [0, sample.max_new_tokens={self.max_new_tokens})")
-
-  @property
-  def end_ids(self) -> tuple[int, ...]:
-    return self.sampler.end_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +198,7 @@ class EvalSettings:
   seed: int = setting(0, "noise for the likelihood's t and z_t draws, and for training's validation pass")
 
   def __post_init__(self):
-    fields.check(self)
+    settings_fields.check(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,10 +210,10 @@ class MeshShape:
   tensor: int = setting(1, "tensor-parallel devices", lo=-1)
 
   def __post_init__(self):
-    fields.check(self)
+    settings_fields.check(self)
     for axis in MESH_AXES:
-      fields.need(getattr(self, axis) != 0, f"mesh.shape.{axis}", "must be positive or -1 (= the remaining devices)")
-    fields.need(sum(1 for axis in MESH_AXES if getattr(self, axis) == -1) <= 1, "mesh.shape",
+      settings_fields.need(getattr(self, axis) != 0, f"mesh.shape.{axis}", "must be positive or -1 (= the remaining devices)")
+    settings_fields.need(sum(1 for axis in MESH_AXES if getattr(self, axis) == -1) <= 1, "mesh.shape",
                 "at most one axis may be -1")
 
 
@@ -274,19 +224,16 @@ class MeshSettings:
   GROUP: ClassVar[str] = "mesh"
   preset: str = setting("cpu_host", "informational: the preset (configs/mesh/) the values came from",
                         compare=False)
-  sizes: MeshShape = group(MeshShape, "axis sizes", key="shape")
+  shape: MeshShape = group(MeshShape, "axis sizes")
   axis_rules: tuple = setting(mesh_lib.AXIS_RULES, "logical axis -> mesh axes, for parameters and activations",
                               items="rule")
 
   def __post_init__(self):
-    fields.check(self)
-    fields.need(any(name == "batch" for name, _ in self.axis_rules), "mesh.axis_rules",
+    settings_fields.check(self)
+    settings_fields.need(any(name == "batch" for name, _ in self.axis_rules), "mesh.axis_rules",
                 "no rule for the logical axis 'batch'")
 
   @property
-  def shape(self) -> tuple[tuple[str, int], ...]:
+  def axis_sizes(self) -> tuple[tuple[str, int], ...]:
     """((axis, size), ...) over (data, fsdp, expert, tensor), as dgemma.mesh.make_mesh takes it."""
-    return tuple((axis, getattr(self.sizes, axis)) for axis in MESH_AXES)
-
-  def size(self, axis: str) -> int:
-    return getattr(self.sizes, axis)
+    return tuple((axis, getattr(self.shape, axis)) for axis in MESH_AXES)

@@ -8,7 +8,7 @@ Each entry reads 'key: saved -> new'.
 
 from __future__ import annotations
 
-from dgemma import fields
+from dgemma import settings_fields
 
 # ModelConfig fields that may differ between a checkpoint and the run that reads it (compute choices, not
 # the shapes of the parameters).
@@ -40,7 +40,7 @@ def _diff(a: dict, b: dict, names) -> list[str]:
 def model_differences(saved, new) -> list[str]:
   """'model.key: saved -> new' for every architecture field (not a compute choice) of two ModelConfigs that
   differs: weights saved with `saved` cannot be read as `new`."""
-  a, b = fields.flat(saved, "model"), fields.flat(new, "model")
+  a, b = settings_fields.flat(saved, "model"), settings_fields.flat(new, "model")
   return _diff(a, b, [k for k in sorted(a) if k.split(".", 1)[1] not in RUNTIME_MODEL_FIELDS])
 
 
@@ -48,14 +48,14 @@ def architecture_differences(saved, new) -> list[str]:
   """The keys whose change makes Settings `new` unable to resume a run saved with `saved`: the model architecture
   (not its compute choices), the fine-tuning layout (which parameters and optimizer states exist), the optimizer
   (its state's layout) and its state dtype, and the tokenizer."""
-  return model_differences(saved.model, new.model) + _diff(fields.flat(saved), fields.flat(new), STRUCTURAL_KEYS)
+  return model_differences(saved.model, new.model) + _diff(settings_fields.flat(saved), settings_fields.flat(new), STRUCTURAL_KEYS)
 
 
 def training_differences(saved, new) -> list[str]:
   """'key: saved -> new' for every key that changes what a run trains (TRAINING_GROUPS, the model's
   TRAINING_MODEL_FIELDS), other than the architecture keys of `architecture_differences`."""
   structural = {d.split(":")[0] for d in architecture_differences(saved, new)}
-  a, b = fields.flat(saved), fields.flat(new)
+  a, b = settings_fields.flat(saved), settings_fields.flat(new)
   keys = [k for k in sorted(set(a) | set(b))
           if (k.split(".")[0] in TRAINING_GROUPS or k in {f"model.{f}" for f in TRAINING_MODEL_FIELDS})
           and k not in NON_TRAINING_KEYS and k not in structural]

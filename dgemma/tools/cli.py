@@ -68,7 +68,7 @@ def config(holder):
 
 
 def load_config_file(spec: str):
-  """'configs/demo.py' or 'configs/x.py:arg' -> its get_config() / get_config(arg), as --config=... reads it
+  """'configs/demo.py' or 'configs/demo.py:arg' -> its get_config() / get_config(arg), as --config=... reads it
   (for commands that take a config file name outside absl's config flags)."""
   path, _, arg = spec.partition(":")
   if not Path(path).is_file():

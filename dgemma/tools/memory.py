@@ -10,7 +10,7 @@ abstract shapes and compiled for one device, XLA's buffer assignment printed, `p
   python -m dgemma.tools.memory --config=configs/finetune_head_qlora.py --train --target=h100
 
 `--config` is a model preset (configs/models/*.py; the rest of the settings are configs/base.py's) or an
-experiment config. Overrides go to `--config.<field>` / `--config.model.<field>` as in dgemma.tools.params.
+experiment config. Overrides go to `--config.<field>` / `--config.model.<field>` as in dgemma.tools.model_size.
 
 Inference (one device; the sampler at `--batch` rows, `--canvas` = diffusion.canvas_len by default):
   weights      the `dgemma.quant.quantize_params` tree of the param_dtype weights (`--quantize`), or plain;
@@ -51,7 +51,7 @@ from dgemma.errors import ConfigError
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.model.sharding import MESH_AXES
 from dgemma.sampling import SamplerConfig, as_noise, denoise_canvas
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 from dgemma.train import loop
 from dgemma.train import optimizer as optimizer_lib
 from dgemma.train import state as state_lib
@@ -118,7 +118,7 @@ def activation_peak(jaxpr) -> int:
 def canvas_step_program(cfg: ModelConfig, qcfg: quant.QuantConfig, context: int, canvas: int, batch: int = 1):
   """(fn, abstract args) of one denoising step (decoder pass + sampler) against a `context`-slot cache;
   args = (weights, cache, key)."""
-  weights = params_tool.quantized_shapes(cfg, qcfg, cfg.param_dtype) if qcfg.scheme != "none" else param_shapes(cfg)
+  weights = model_size.quantized_shapes(cfg, qcfg, cfg.param_dtype) if qcfg.scheme != "none" else param_shapes(cfg)
   cache = jax.eval_shape(lambda: init_cache(cfg, batch, context, jnp.dtype(cfg.dtype), sliding_ring=True))
   model = Transformer(cfg)
   scfg = SamplerConfig(canvas_len=canvas, max_denoising_steps=1, confidence_threshold=0.0, early_exit=False,
@@ -373,7 +373,7 @@ def main(argv):
 if __name__ == "__main__":
   from absl import flags
   from ml_collections import config_flags
-  from dgemma.tools import cli  # defined with the flags, as in dgemma.tools.params
+  from dgemma.tools import cli  # defined with the flags, as in dgemma.tools.model_size
   _CONFIG = config_flags.DEFINE_config_file("config", None, "A model preset or an experiment config.")
   flags.mark_flags_as_required(["config"])
   _FLAGS.update(

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from dgemma import finetune, quant
+from dgemma import quant
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import params as params_ckpt
@@ -46,16 +46,15 @@ def as_trained_base(base: dict, run_config_json: str | None) -> dict:
   float. Any other run: `base` unchanged."""
   if run_config_json is None:
     return base
-  run = settings_lib.load_json(run_config_json)
-  if run.finetune.base_quant == "none":
+  model, quantizer = settings_lib.run_model(run_config_json)
+  if quantizer is None:
     return base
-  dtype, only = jnp.dtype(run.model.param_dtype), finetune.frozen_base(run.finetune)
+  dtype = jnp.dtype(model.param_dtype)
 
   def as_trained(names, w):  # one weight at a time, back in its stored dtype; the others as they are
-    if quant.leaf_plan(names, np.shape(w), run.base_quant, only) is None:
+    if quantizer.plan(names, np.shape(w)) is None:
       return w
-    q = quant.quantize_leaf(names, jnp.asarray(w, dtype), run.base_quant, only)
-    return np.asarray(quant.dequantize(q)).astype(np.asarray(w).dtype)
+    return np.asarray(quant.dequantize(quantizer(names, jnp.asarray(w, dtype)))).astype(np.asarray(w).dtype)
 
   flat = flax.traverse_util.flatten_dict(base)
   return flax.traverse_util.unflatten_dict({k: as_trained(k, w) for k, w in flat.items()})
@@ -79,7 +78,7 @@ def merge_checkpoints(adapter_dir: str, out_dir: str, base_dir: str | None = Non
   if diffs:
     raise ValueError(f"--base: {base_dir} is not the architecture the adapter was trained on (adapter -> base): "
                      f"{'; '.join(diffs)}")
-  base = as_trained_base(base, adapter_ckpt.read_run_config(adapter_dir))
+  base = as_trained_base(base, params_ckpt.read_run_config(adapter_dir))
   scale = float(meta["lora"]["alpha"]) / int(meta["lora"]["rank"])
   merged = lora.merge(base, adapter, scale)
   extra = {p.name: params_ckpt.read_extra_json(base_dir, p.name) for p in Path(base_dir).glob("*.json")

@@ -1,7 +1,7 @@
 """Copy a training workdir into the other layer layout (model.scan_layers), so that it resumes there exactly.
 
-  python -m dgemma.tools.relayout --workdir=workdirs/sudoku --out=workdirs/sudoku_unrolled --scan_layers=False
-  python train.py --config=proj/sudoku/configs/sudoku.py --workdir=workdirs/sudoku_unrolled --config.train.num_steps=8000
+  python -m dgemma.tools.relayout --workdir=workdirs/run --out=workdirs/run_unrolled --noscan_layers
+  python train.py --config=CONFIG --workdir=workdirs/run_unrolled --config.model.scan_layers=False --config.train.num_steps=8000
 
 A run's checkpoints keep the layout it was trained with (`nn.scan` over stacked blocks, or one unrolled
 block: dgemma/checkpoints/layout.py), and resuming a workdir with the other one is refused, since one
@@ -61,7 +61,7 @@ def relayout_workdir(src: str, out: str, scan_layers: bool, *, step: Optional[in
     raise ConfigError(f"--scan_layers: {src} already has model.scan_layers={scan_layers}")
   new = saved.replace(**{"model.scan_layers": scan_layers})
 
-  mesh = mesh_lib.make_mesh(saved.mesh.shape)
+  mesh = mesh_lib.make_mesh(saved.mesh.axis_sizes)
   _, _, saved_abstract, _ = state_lib.run_abstract_state(saved, mesh)
   _, _, _, new_shardings = state_lib.run_abstract_state(new, mesh)
   reader = workdir_ckpt.make_manager(src, keep=len(available) + 1, async_save=False)

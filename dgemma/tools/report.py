@@ -5,7 +5,7 @@
 
 from absl import flags
 
-from dgemma import report
+from dgemma import run_report
 from dgemma.tools import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
@@ -14,7 +14,7 @@ _OUT = flags.DEFINE_string("out", "report", "Report folder.")
 
 def main(argv):
   cli.no_extra_args(argv)
-  out = report.write_report(_WORKDIR.value, _OUT.value)
+  out = run_report.write_report(_WORKDIR.value, _OUT.value)
   print(f"report written to {out.absolute()}/index.html")
 
 

@@ -136,9 +136,9 @@ def run_programs(settings, mesh) -> RunPrograms:
   nothing is traced or compiled twice: jax.jit keys its caches on the function object, which would be new
   on every call. Data, checkpoint and logging settings are not part of the key (they are not in the programs).
   The programs of the last two setups are kept."""
-  key = (settings.model, settings.diffusion, settings.opt, settings.finetune, settings.base_quant, settings.distill,
+  key = (settings.model, settings.diffusion, settings.opt, settings.finetune, settings.distill,
          settings.train.num_steps, settings.train.nonfinite, settings.mesh.axis_rules, mesh, settings.rl,
-         settings.sample.sampler if settings.rl.enabled else None)
+         settings.canvas_sampler if settings.rl.enabled else None)
   if key in _PROGRAMS:
     _PROGRAMS.move_to_end(key)
   else:
@@ -228,7 +228,7 @@ def train_and_evaluate(config, workdir: str, *,
     state_lib.check_init_from(settings.train.init_from, settings.model)
   if settings.rl.enabled:
     rl_step.check(settings)
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
   mesh_lib.check_batch_fits_mesh(settings.data.batch_size, settings.opt.grad_accum_steps, mesh,
                                  settings.mesh.axis_rules)
   prepared = prepare_data(settings)
@@ -272,7 +272,7 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   elif train_cfg.init_from:
     state = state_lib.state_from_checkpoint(train_cfg.init_from, model_cfg, optimizer, state_shardings,
                                             settings.mesh.axis_rules, init_fn, jax.random.PRNGKey(settings.seed),
-                                            settings.base_quant, settings.finetune)
+                                            finetune_lib.base_quantizer(settings.finetune))
   else:
     state = programs.init_state(jax.random.PRNGKey(settings.seed))
   if distilling and restored_step is None:  # round 0's teacher: the run the student starts from

@@ -17,6 +17,7 @@ from dgemma import checkpoints, finetune as finetune_lib, quant
 from dgemma.diffusion import distill as distill_lib
 from dgemma.errors import CheckpointError
 from dgemma.model import ModelConfig, Transformer
+from dgemma.model import lora as lora_lib
 from dgemma.model.transformer import boxed_param_shapes
 from dgemma.model.sharding import place, unbox
 from dgemma.train import optimizer as optimizer_lib
@@ -52,14 +53,14 @@ def drop_empty_boxes(boxed_tree):
 
 
 def abstract_train_state(model_cfg: ModelConfig, mesh: Mesh, axis_rules, optimizer,
-                         base_quant: Optional[quant.QuantConfig] = None,
-                         finetune_cfg=None) -> tuple[Callable, Any, Any]:
+                         quantizer: Optional[quant.Quantizer] = None) -> tuple[Callable, Any, Any]:
   """Returns (init_fn(rng) -> boxed TrainState, abstract unboxed state, state shardings), allocating nothing.
-  With `base_quant` (a QLoRA run) the frozen leaves `finetune_cfg` names are `QArray`s in the state: a fresh
-  state quantizes its random base inside the jitted init, so no float copy of it is an output."""
+  With `quantizer` (a QLoRA run's frozen base, `dgemma.finetune.base_quantizer`) the leaves it picks are `QArray`s
+  in the state: a fresh state quantizes its random base inside the jitted init, so no float copy of it is an
+  output."""
   model = Transformer(model_cfg)
   tok = jnp.zeros((1, 1), jnp.int32)  # parameter shapes do not depend on the sequence length
-  quantize = finetune_lib.base_quantizer(base_quant, finetune_cfg)
+  quantize = quantizer.boxed if quantizer is not None else (lambda boxed: boxed)
 
   def init_fn(rng):
     with nn.logical_axis_rules(()):  # no activation constraints while initialising (out_shardings place params)
@@ -83,7 +84,7 @@ def run_abstract_state(settings, mesh: Mesh) -> tuple[Any, Callable, Any, Any]:
   dgemma/diffusion/distill.py; a reinforcement-learning run's its reference, dgemma/rl)."""
   optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, settings.finetune, settings.model)
   init_fn, abstract, shardings = abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer,
-                                                      settings.base_quant, settings.finetune)
+                                                      finetune_lib.base_quantizer(settings.finetune))
   if distill_lib.enabled(settings.distill):
     abstract, shardings = with_teacher(abstract), with_teacher(shardings)
   if settings.rl.enabled:
@@ -121,30 +122,34 @@ def check_init_from(path: str, model_cfg: ModelConfig) -> None:
   saved = checkpoints.header(path, INIT_FROM)
   if saved.kind == "workdir" and saved.step is None:
     raise CheckpointError(f"{INIT_FROM}: the workdir {path} holds no finished checkpoint")
-  checkpoints.check_loadable_as(saved, model_cfg, INIT_FROM)
+  checkpoints.check_loadable_as(saved, model_cfg)
 
 
 def state_from_checkpoint(path: str, model_cfg: ModelConfig, optimizer, shardings, axis_rules, init_fn=None,
-                          rng=None, base_quant: Optional[quant.QuantConfig] = None, finetune_cfg=None) -> TrainState:
+                          rng=None, quantizer: Optional[quant.Quantizer] = None) -> TrainState:
   """Step-0 state from any checkpoint kind (`check_init_from`; e.g. an imported Gemma 4 AR model for AR ->
   diffusion adaptation, or another run's latest params) and a fresh optimizer state; params in
   model.param_dtype on the run's shardings (checkpoints.load_as).
 
   LoRA adapters (finetune.mode lora / head_only) that the checkpoint lacks start from `init_fn(rng)` (B = 0:
   the run starts exactly at the checkpoint's model); a LoRA run's own adapters are kept when this run has the
-  same layout, else folded into their weights first; every other tensor must be there. With `base_quant` (QLoRA)
+  same layout, else folded into their weights first; every other tensor must be there. With `quantizer` (QLoRA)
   the frozen weights are held quantized: an HF directory or params checkpoint is quantized as it is read, without
   the float tree (checkpoints.load_as says when a float copy exists)."""
   mesh = jax.tree.leaves(shardings.params)[0].mesh
 
-  def fresh(keys):
-    # Only the missing adapters are outputs, so XLA initialises nothing else.
-    pick = lambda params: {k: v for k, v in flax.traverse_util.flatten_dict(params).items() if k in set(keys)}
+  def fresh(missing):
+    # The adapters the checkpoint lacks start from init_fn (B = 0). Only they are outputs, so XLA initialises nothing
+    # else; any other missing tensor stays missing (load_as names it).
+    keys = {k for k in missing if lora_lib.is_adapter(k[-1])}
+    if not keys:
+      return {}
+    pick = lambda params: {k: v for k, v in flax.traverse_util.flatten_dict(params).items() if k in keys}
     return jax.device_get(jax.jit(lambda r: pick(nn.unbox(init_fn(r)).params))(rng))
 
-  loaded = checkpoints.load_as(path, model_cfg, mesh=mesh, axis_rules=axis_rules, field=INIT_FROM,
-                               fresh=fresh if init_fn is not None else None, base_quant=base_quant,
-                               quantize_only=finetune_lib.frozen_base(finetune_cfg) if finetune_cfg else None)
+  loaded = checkpoints.load_as(checkpoints.header(path, INIT_FROM), model_cfg,
+                               placement=checkpoints.Placement(mesh, axis_rules), quantizer=quantizer,
+                               leaves=fresh if init_fn is not None else None)
   params = jax.device_put(loaded.params, shardings.params)
   opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)

@@ -29,7 +29,7 @@ import numpy as np
 from absl import flags
 
 import dgemma
-from dgemma import checkpoints, files, report
+from dgemma import checkpoints, files, run_report
 from dgemma.data import builder as builder_lib
 from proj.markov import data as markov
 from dgemma.diffusion import likelihood, objectives
@@ -178,7 +178,7 @@ def plot(rows: list[dict], out_png: Path, title: str) -> None:
   ax.set_ylabel("NELBO integrand (nats / token)")
   ax.set_title(title, fontsize=8)
   ax.legend(fontsize=7)
-  report.save_figure(fig, out_png)
+  run_report.save_figure(fig, out_png)
 
 
 def main(argv):

@@ -22,26 +22,53 @@ context (the prompt) and the last 81 the canvas (diffusion.canvas_len = 81). Wit
 drawn from (seed, position in the stream): the same puzzle is seen in many forms, deterministically.
 With `data.sudoku.infill_givens`, rows also carry `infill_mask` (1 on the canvas cells whose digit the
 puzzle gives): the diffusion loss keeps those cells clean at every noise level and does not score them
-(dgemma/diffusion/loss.py), and eval.sudoku holds them with the sampler's infilling, so the model only ever
+(dgemma/diffusion/loss.py), and proj.sudoku.eval holds them with the sampler's infilling, so the model only ever
 denoises the blanks, reading the givens from the canvas itself as well as from the prompt.
+
+Importing this module registers the source and its settings group `data.sudoku` (`SudokuSettings`): a config
+that uses them names it in `imports` (proj/sudoku/configs/sudoku.py).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import io
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, ClassVar, Iterable, Sequence
 
 import grain
 import numpy as np
 
-from dgemma import files, tokenizers
+from dgemma import files, settings_fields, tokenizers
 from dgemma.data import pipeline, sources
 from dgemma.errors import ConfigError, DataError
+from dgemma.settings import DataSettings
+from dgemma.settings_fields import setting
+
+
+@dataclasses.dataclass(frozen=True)
+class SudokuSettings:
+  """`config.data.sudoku`: the Sudoku source's rows [BOS, 81 puzzle | 81 solution digits]."""
+  GROUP: ClassVar[str] = "data.sudoku"
+  train_csv: str = setting("", "puzzle,solution CSV (python -m proj.sudoku.make_csv); '' = generate")
+  validation_csv: str = setting("", "the same for the validation split; '' = generate")
+  num_train: int = setting(2000, "puzzles generated (unique solutions) when train_csv is empty", lo=0)
+  num_validation: int = setting(200, "... and when validation_csv is empty; cached under data.cache_dir/sudoku",
+                                lo=0)
+  min_blanks: int = setting(30, "blanks per generated puzzle ~ U{min_blanks..max_blanks}", lo=0, hi=64)
+  max_blanks: int = setting(45, "the most blanks of a generated puzzle", lo=0, hi=64)
+  augment: bool = setting(True, "train rows: a random validity-preserving symmetry per row (seeded)")
+  infill_givens: bool = setting(False, "the givens' canvas cells stay clean in training (unscored) and are held "
+                                "by the sampler's infilling in eval (diffusion runs only)")
+
+  def __post_init__(self):
+    settings_fields.check(self)
+    settings_fields.need(self.min_blanks <= self.max_blanks, "data.sudoku.min_blanks",
+                         f"need min_blanks <= max_blanks, got {self.min_blanks}..{self.max_blanks}")
 
 NUM_CELLS = 81
 ROW_LEN = 1 + 2 * NUM_CELLS   # BOS + puzzle + solution
@@ -432,3 +459,4 @@ def make_iterator(settings, prepared, split: str, *, shard_index: int, shard_cou
 
 
 SOURCE = sources.register(sources.DataSource("sudoku", validate, prepare, make_iterator))
+settings_fields.register_group(DataSettings, "sudoku", SudokuSettings, module=__name__)

@@ -278,7 +278,7 @@ def evaluate(checkpoint: str, puzzles_csv: str, *, overrides: dict[str, Any] | N
   metrics, records = score([p for p, _ in rows], [s for _, s in rows], predictions)
   for record, c in zip(records, chosen):
     record["candidate"] = c
-  sampler = settings.sample.sampler
+  sampler = settings.sample
   variant = "ar_greedy" if settings.objective.autoregressive else f"{sampler.sampler}_renoise_{sampler.renoise}"
   if hold_givens:
     variant += "_givens_held"

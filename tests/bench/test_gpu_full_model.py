@@ -7,7 +7,7 @@ import pytest
 
 from configs.models import diffusiongemma_26b_a4b
 from dgemma.model import ModelConfig
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 from tests.bench.gpu_image import ROOT, import_on_gpu_image, load_script
 
 SCRIPT = ROOT / "bench" / "gpu_full_model.py"
@@ -28,7 +28,7 @@ def test_full_config_is_the_released_preset():
 
 @pytest.mark.slow  # a subprocess
 def test_imports_only_what_the_gpu_image_has():
-  """Imports the script (and with it dgemma.model, dgemma.sampling, dgemma.tools.params) and builds the
+  """Imports the script (and with it dgemma.model, dgemma.sampling, dgemma.tools.model_size) and builds the
   full config with the packages the GPU image lacks made unimportable."""
   out = import_on_gpu_image(SCRIPT, "g.model_config('full').d_model")
   assert out.returncode == 0, out.stderr[-3000:]

@@ -11,7 +11,7 @@ import pytest
 from configs.models import medium
 from dgemma.diffusion.config import DiffusionSettings
 from dgemma.model import ModelConfig, count_params
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 from tests.bench.gpu_image import ROOT, import_on_gpu_image, load_script
 
 SCRIPT = ROOT / "bench" / "gpu_train_step.py"
@@ -46,7 +46,7 @@ def test_tiny_run_trains_and_its_figures_follow_from_the_timings(tmp_path):
                 progress=False)
   assert json.loads(out.read_text()) == json.loads(json.dumps(r))
   assert r["device"].startswith("cpu") and set(r["paths"]) == {"tokamax", "dense"}
-  flops = params_tool.train_step_flops(bench.model_config("tiny", "dense"), DiffusionSettings(canvas_len=8), 2, 32)
+  flops = model_size.train_step_flops(bench.model_config("tiny", "dense"), DiffusionSettings(canvas_len=8), 2, 32)
   for impl, v in r["paths"].items():
     sec = v["ms_per_step"] / 1e3
     assert v["tokens_per_s"] == pytest.approx(2 * 32 / sec, rel=1e-12), impl

@@ -98,11 +98,9 @@ def test_generation_config_round_trips_and_names_what_transformers_cannot_run(sp
   assert unrepresented == ["sample.sampler='ancestral'"]
   back = convert.sample_settings_from_generation_config(generation)
   for key, value in back.items():
-    want = getattr(settings.sample.sampler, key, None) if key != "max_new_tokens" else settings.sample.max_new_tokens
-    assert value == want, key
-  constant = dataclasses.replace(settings, sample=dataclasses.replace(
-      settings.sample, sampler=dataclasses.replace(settings.sample.sampler, sampler="released", t_min=1.0,
-                                                   confidence_threshold=0.0)))
+    assert value == (settings.end_ids if key == "end_ids" else getattr(settings.sample, key)), key
+  constant = settings.replace(**{"sample.sampler": "released", "sample.t_min": 1.0, "sample.t_max": 1.0,
+                                 "sample.confidence_threshold": 0.0})
   generation, unrepresented = convert.generation_config(constant)
   assert "t_max" not in generation and "confidence_threshold" not in generation  # transformers would reject them
   assert [u.split(" (")[0] for u in unrepresented] == ["a constant temperature 1.0", "confidence_threshold=0"]

@@ -84,7 +84,7 @@ def test_init_from_a_stacked_run_starts_an_unrolled_one_at_its_params(tiny_run):
   with pytest.raises(ConfigError, match="mlp_hidden"):
     state_lib.check_init_from(str(workdir), wider)
 
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
   optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
   init_fn, abstract, shardings = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules,
                                                                 optimizer)

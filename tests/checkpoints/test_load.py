@@ -71,7 +71,7 @@ def test_loading_a_run_reads_params_only(run, monkeypatch):
   assert len(read) == len(jax.tree.leaves(ckpt.params))
   read.clear()
   settings = settings_lib.from_config(config)
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
   optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
   _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer)
   manager = workdir_ckpt.make_manager(wd, read_only=True, async_save=False)
@@ -107,7 +107,7 @@ def test_an_adapter_loads_with_its_runs_settings_and_step(run, tmp_path):
   model = dgemma.load(str(tmp_path / "adapter"))
   assert model.step == 30 and "step=30" in repr(model)
   assert model.settings.model.param_dtype == "bfloat16" and model.settings.data.format == "sft"
-  assert model.settings.sample.sampler.sampler == "ancestral"
+  assert model.settings.sample.sampler == "ancestral"
   assert jax.tree.leaves(model.params)[0].dtype == jax.numpy.bfloat16
   trained = flax_flat(finetune.trained_leaves(params, settings.finetune))
   loaded = flax_flat(jax.device_get(model.params))

@@ -190,7 +190,7 @@ def test_distillation_run_refreshes_its_teacher_resumes_exactly_and_loads_as_a_r
   full = loop.train_and_evaluate(config, str(tmp_path / "full"))
   # two rounds of two steps: the last round's teacher is the student as it was after step 2
   model_cfg = settings_lib.from_config(config).model
-  at_2 = checkpoints.load_workdir(tmp_path / "full", step=2).params
+  at_2 = checkpoints.load(tmp_path / "full", step=2).params
   chex.assert_trees_all_equal(jax.device_get(full.teacher_params), jax.device_get(at_2))
   assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(jax.device_get(full.params)),
                                                       jax.tree.leaves(jax.device_get(at_2))))

@@ -112,7 +112,7 @@ def test_block_bound_matches_slow_per_canvas_loop_and_ar_nll(tiny_config, decode
   def evaluate(config):
     st = settings_lib.from_config(config)
     return likelihood.score_documents(params, model_cfg, st.diffusion, st.eval, docs, seq_len=st.data.seq_len,
-                                      pad_id=tok.pad_id, max_positions=st.sample.sampler.max_context)
+                                      pad_id=tok.pad_id, max_positions=st.sample.max_context)
 
   out = evaluate(config)
   assert out["canvases"] == 3 and out["measure"] == "nelbo_bound"

@@ -63,7 +63,7 @@ def _ckpt(config, objective):
   settings = settings_lib.from_config(config)
   model_cfg = settings.model
   ckpt = checkpoints.Checkpoint(f"random_{objective}", "params", model_cfg, random_params(model_cfg))
-  return dgemma.Model(ckpt, settings, mesh_lib.make_mesh(settings.mesh.shape))
+  return dgemma.Model(ckpt, settings, mesh_lib.make_mesh(settings.mesh.axis_sizes))
 
 
 @pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
@@ -134,7 +134,7 @@ def test_ablation_runner_writes_csv_json_and_plots(tiny_config, tmp_path, corpus
   seen = []
 
   def fake_metric(model):  # what the runner hands a metric: the checkpoint's model with the setting's settings
-    sampler = model.settings.sample.sampler
+    sampler = model.settings.sample
     seen.append((model.path, sampler.max_denoising_steps, sampler.sampler))
     return {"score": float(sampler.max_denoising_steps) ** 0.5, "sampler_is_ancestral": int(sampler.sampler == "ancestral")}
 

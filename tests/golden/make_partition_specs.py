@@ -31,7 +31,7 @@ def compute() -> dict:
     config.model.num_experts = 8  # so that the expert axis of gpu8_expert divides the experts
     config.mesh = importlib.import_module(f"configs.mesh.{preset}").get_config()
     settings = settings_lib.from_config(config)
-    out[preset] = state_lib.param_partition_specs(settings.model, mesh_lib.make_mesh(settings.mesh.shape),
+    out[preset] = state_lib.param_partition_specs(settings.model, mesh_lib.make_mesh(settings.mesh.axis_sizes),
                                                   settings.mesh.axis_rules)
   return out
 

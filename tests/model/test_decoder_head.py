@@ -20,7 +20,7 @@ from dgemma.model import Transformer
 from dgemma.model.config import SLIDING
 from dgemma.model.transformer import Layer, _Ctx
 from dgemma.model import layers
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 from tests.diffusion.test_block_causal import B, C, CFG, K, P, _batch, encoded_rows
 from tests.model_utils import f64_config, float64, random_params, to_f64
 
@@ -95,28 +95,28 @@ def test_head_count_is_checked():
 @pytest.mark.slow  # 7 s on 2 cores (it initialises and traces two models): over the fast tier's budget
 def test_head_is_counted_as_its_own_component_and_only_in_the_decoder():
   cfg = dataclasses.replace(CFG, decoder_head_layers=1)
-  comps = params_tool.components(cfg)
+  comps = model_size.components(cfg)
   head = jax.tree_util.tree_leaves_with_path(random_params(cfg)["decoder_head_0"])
   layer_params = sum(x.size for _, x in head)
   assert comps["decoder_head"] == (layer_params, layer_params)  # CFG has no experts: every weight is active
   # the plain model's components are unchanged by the head
-  plain = params_tool.components(CFG)
+  plain = model_size.components(CFG)
   assert {c: v for c, v in comps.items() if c != "decoder_head"} == {c: v for c, v in plain.items()
                                                                    if c != "decoder_head"}
   # a training step pays the head's 6 FLOPs per weight on the canvas tokens, never on the encoder's
   loss_cfg = DiffusionSettings(canvas_len=C, canvases_per_row=K, objective="loo_ce", self_cond_prob=0.0)
   rows, seq = 4, P + K * C
-  extra = params_tool.train_step_flops(cfg, loss_cfg, rows, seq) - params_tool.train_step_flops(CFG, loss_cfg, rows,
+  extra = model_size.train_step_flops(cfg, loss_cfg, rows, seq) - model_size.train_step_flops(CFG, loss_cfg, rows,
                                                                                                    seq)
   assert extra == rows * 6 * layer_params * K * C
   # one decoder pass over T canvas tokens: 2 FLOPs per matmul weight (norm scales aside) and attention over the T
   matmul = sum(x.size for path, x in head if not any(w in jax.tree_util.keystr(path) for w in ("norm", "scalar")))
-  assert params_tool.decoder_head_matmul_params(cfg) == matmul
+  assert model_size.decoder_head_matmul_params(cfg) == matmul
   T = 16
   _, H = layers.attn_dims(cfg, SLIDING)
-  assert (params_tool.forward_flops(cfg, T, 40, True, False) - params_tool.forward_flops(CFG, T, 40, True, False)
+  assert (model_size.forward_flops(cfg, T, 40, True, False) - model_size.forward_flops(CFG, T, 40, True, False)
           == T * (2 * matmul + 4 * cfg.num_heads * H * T))
-  assert params_tool.forward_flops(cfg, T, 40, False, False) == params_tool.forward_flops(CFG, T, 40, False, False)
+  assert model_size.forward_flops(cfg, T, 40, False, False) == model_size.forward_flops(CFG, T, 40, False, False)
 
 
 def test_hf_export_refuses_the_head(tmp_path):

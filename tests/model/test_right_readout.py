@@ -17,7 +17,7 @@ from dgemma.checkpoints import hf
 from dgemma.diffusion.config import DiffusionSettings
 from dgemma.errors import ConfigError
 from dgemma.model import Transformer, param_shapes
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 from tests.diffusion.test_block_causal import B, C, CFG, K, P, _batch, encoded_rows
 from tests.model_utils import f64_config, float64, random_params, to_f64
 
@@ -82,14 +82,14 @@ def test_trains_from_zero_and_is_counted():
   assert np.all(np.isfinite(g)) and np.abs(g).max() > 1e-4  # a zero start still gets a gradient
   # parameters: one [D, D] matrix, its own component; FLOPs: decoder tokens only
   assert param_shapes(cfg)["right_readout"].shape == (1, CFG.d_model, CFG.d_model)
-  assert params_tool.components(cfg)["right_readout"] == (CFG.d_model ** 2,) * 2
+  assert model_size.components(cfg)["right_readout"] == (CFG.d_model ** 2,) * 2
   base = dataclasses.replace(cfg, decoder_right_readout=0)
   D, V = CFG.d_model, CFG.vocab_size
-  assert (params_tool.forward_flops(cfg, 10, 20, decoder=True, sc_signal=False)
-          - params_tool.forward_flops(base, 10, 20, decoder=True, sc_signal=False)) == 10 * (2 * D * D + 2 * V * D)
-  assert params_tool.forward_flops(cfg, 10, 20, decoder=False, sc_signal=False) == params_tool.forward_flops(
+  assert (model_size.forward_flops(cfg, 10, 20, decoder=True, sc_signal=False)
+          - model_size.forward_flops(base, 10, 20, decoder=True, sc_signal=False)) == 10 * (2 * D * D + 2 * V * D)
+  assert model_size.forward_flops(cfg, 10, 20, decoder=False, sc_signal=False) == model_size.forward_flops(
       base, 10, 20, decoder=False, sc_signal=False)
-  extra = params_tool.train_step_flops(cfg, loss_cfg, 2, 40) - params_tool.train_step_flops(base, loss_cfg, 2, 40)
+  extra = model_size.train_step_flops(cfg, loss_cfg, 2, 40) - model_size.train_step_flops(base, loss_cfg, 2, 40)
   # 2 rows x the K C canvas tokens x (6: forward and backward, + 2: the self-conditioning forward) x (the
   # projection + the vocabulary readout); the encoder's 32 tokens do not run it
   assert CFG.self_conditioning and extra == 2 * K * C * (6 + 2) * (D * D + V * D)

@@ -26,7 +26,7 @@ from dgemma.diffusion.config import DiffusionSettings
 from dgemma.errors import ConfigError
 from dgemma.model import Transformer, init_cache, param_shapes
 from dgemma.sampling import entropy, generate, temperature
-from dgemma.tools import params as params_tool
+from dgemma.tools import model_size
 from tests.diffusion.test_block_causal import B, C, CFG, K, L, P, _batch, _cut_rows, encoded_rows
 from tests.model_utils import f64_config, float64, random_params, to_f64
 from tests.sampling.helpers import N, check_first_steps, tiny_model
@@ -142,14 +142,14 @@ def test_blind_ce_trains_it_and_it_is_counted():
   # blind_ce is the plain CE of the network's output at every scored position
   assert float(metrics["canvas_loss"]) == pytest.approx(float(metrics["canvas_ce"]), rel=1e-6)
   D, F = CFG.d_model, 4 * CFG.d_model
-  assert params_tool.components(cfg)["two_stream"] == (2 * D * F + F + F * D + D,) * 2
+  assert model_size.components(cfg)["two_stream"] == (2 * D * F + F + F * D + D,) * 2
   assert param_shapes(cfg)["two_stream_in"].shape == (2 * D, F)
   one = dataclasses.replace(cfg, decoder_two_stream=False)
-  comps = params_tool.components(cfg)
+  comps = model_size.components(cfg)
   trunk = sum(comps[c][1] for c in ("attention", "dense_mlp", "experts", "router"))
   # train step: the backward stream is the stack once more over the 2 rows' K C canvas tokens, forward and
   # backward (6 per weight); the MLP's weights run on the canvas tokens only
-  extra = params_tool.train_step_flops(cfg, loss_cfg, 2, L) - params_tool.train_step_flops(one, loss_cfg, 2, L)
+  extra = model_size.train_step_flops(cfg, loss_cfg, 2, L) - model_size.train_step_flops(one, loss_cfg, 2, L)
   assert extra == 2 * 6 * (trunk * K * C + comps["two_stream"][1] * K * C)
 
 

@@ -483,7 +483,7 @@ def test_probe_hides_k_blank_cells_and_holds_the_rest(tmp_path, monkeypatch):
 
   def spy(model, puzzles, *, keep=None, **kw):
     texts = real_solve(model, puzzles, keep=keep, **kw)
-    calls.append((model.settings.sample.sampler.max_denoising_steps, keep, texts))
+    calls.append((model.settings.sample.max_denoising_steps, keep, texts))
     return texts
 
   monkeypatch.setattr(eval_sudoku, "solve_puzzles", spy)

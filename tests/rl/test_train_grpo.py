@@ -109,7 +109,7 @@ def test_a_qlora_policy_keeps_its_quantized_base(tiny_config, tmp_path):
   config = toy_config(tiny_config, **{"finetune.mode": "lora", "finetune.base_quant": "int8", "train.num_steps": 2,
                                       "train.ckpt_every": 2, "train.log_every": 1})
   settings = settings_lib.from_config(config)
-  programs = loop.run_programs(settings, dgemma.mesh.make_mesh(settings.mesh.shape))
+  programs = loop.run_programs(settings, dgemma.mesh.make_mesh(settings.mesh.axis_sizes))
   start = jax.device_get(programs.init_state(jax.random.PRNGKey(settings.seed)))
   state = jax.device_get(loop.train_and_evaluate(config, str(tmp_path / "wd")))
   flat = lambda tree: {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from dgemma import fields
+from dgemma import settings_fields
 from dgemma.errors import ConfigError
-from dgemma.sampling import SamplerConfig
+from dgemma.sampling import SamplerConfig, SamplerSettings
 from tests.sampling.helpers import sampler_of
 
 
@@ -42,7 +42,7 @@ def test_sampler_config_from_config_and_validation():
   config = base.get_config()
   cfg = sampler_of(config)
   released = SamplerConfig()
-  declared = [f.name for f, _ in fields.declared(SamplerConfig)]
+  declared = [f.name for f, _ in settings_fields.declared(SamplerSettings)]
   assert len(declared) == 24  # every sampler key: one declaration, the config's default and the class's
   for name in declared + ["canvas_len", "pad_id", "mask_id", "loo_logits"]:
     assert getattr(cfg, name) == getattr(released, name), name

@@ -183,12 +183,12 @@ def test_official_end_ids_and_checks(tmp_path):
   config.data.tokenizer.kind, config.data.tokenizer.path = "file", str(tmp_path / "gemma_like.model")
   config.model.vocab_size = 256
   turn_end = spm.SentencePieceProcessor(model_file=config.data.tokenizer.path).piece_to_id("<turn|>")
-  assert settings_lib.from_config(config).sample.end_ids == (1, turn_end)
+  assert settings_lib.from_config(config).end_ids == (1, turn_end)
   config.sample.semantics = "official"
-  assert settings_lib.from_config(config).sample.end_ids == (1, turn_end, 50)  # + <begin_of_tool_response>
+  assert settings_lib.from_config(config).end_ids == (1, turn_end, 50)  # + <begin_of_tool_response>
   byte = tiny_test.get_config()
   byte.sample.semantics = "official"
-  assert settings_lib.from_config(byte).sample.end_ids == (1,)  # not the Gemma 4 vocabulary: EOS only
+  assert settings_lib.from_config(byte).end_ids == (1,)  # not the Gemma 4 vocabulary: EOS only
   for bad, pattern in ((dict(sampler="ancestral"), "released sampler"), (dict(top_k=5), "top_k=0"),
                        (dict(semantics="vllm"), "sample.semantics")):
     with pytest.raises(ConfigError, match=pattern):

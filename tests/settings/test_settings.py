@@ -45,7 +45,7 @@ def _config_files():
 def test_every_config_file_builds_through_the_boundary(path):
   # every get_config() of the tree: experiment configs through from_config, presets through their group's checks,
   # ablation sweeps through eval.ablate's check (each of its settings a valid config)
-  from dgemma import fields
+  from dgemma import settings_fields
   from dgemma.tools import cli
   from eval import ablate
   config = cli.load_config_file(path)
@@ -54,7 +54,7 @@ def test_every_config_file_builds_through_the_boundary(path):
   elif "/models/" in path:
     assert ModelConfig.from_config_dict(config).num_layers >= 1
   elif "/mesh/" in path:
-    assert fields.from_raw(settings_lib.MeshSettings, config).axis_rules
+    assert settings_fields.from_raw(settings_lib.MeshSettings, config).axis_rules
   else:
     if config.distill.method == "dcd" and not config.train.init_from:
       config.train.init_from = "/a/teacher"  # configs/distill_dcd.py:TEACHER names the run it distils
@@ -64,8 +64,8 @@ def test_every_config_file_builds_through_the_boundary(path):
 def test_settings_are_typed_frozen_and_round_trip(tiny_config):
   settings = settings_lib.from_config(tiny_config)
   assert settings.data.seq_len == tiny_config.data.seq_len and settings.diffusion.canvas_len == 16
-  assert settings.sample.sampler.canvas_len == settings.diffusion.canvas_len  # the sampler gets the canvas
-  assert settings.mesh.size("data") == -1 and settings.opt.lr == tiny_config.opt.lr
+  assert settings.canvas_sampler.canvas_len == settings.diffusion.canvas_len  # the sampler gets the canvas
+  assert settings.mesh.shape.data == -1 and settings.opt.lr == tiny_config.opt.lr
   with pytest.raises(Exception):  # frozen
     settings.data.seq_len = 3
   again = settings_lib.from_config(settings_lib.from_json(settings.config_json))

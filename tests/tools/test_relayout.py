@@ -22,7 +22,7 @@ from dgemma.train import loop, state as state_lib
 
 def _restore(workdir, step):
   settings = settings_lib.from_config(settings_lib.from_json(workdir_ckpt.read_config_json(workdir)))
-  _, _, abstract, _ = state_lib.run_abstract_state(settings, mesh_lib.make_mesh(settings.mesh.shape))
+  _, _, abstract, _ = state_lib.run_abstract_state(settings, mesh_lib.make_mesh(settings.mesh.axis_sizes))
   manager = workdir_ckpt.make_manager(workdir, keep=10, async_save=False)
   try:
     state, data_state = workdir_ckpt.restore(manager, step, abstract)

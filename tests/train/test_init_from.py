@@ -60,7 +60,7 @@ def sources(tiny_run, tmp_path_factory):
 
 
 def _init(path, settings):
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
   optimizer, init_fn, _, shardings = state_lib.run_abstract_state(settings, mesh)
   state_lib.check_init_from(str(path), settings.model)
   return state_lib.state_from_checkpoint(str(path), settings.model, optimizer, shardings, settings.mesh.axis_rules,

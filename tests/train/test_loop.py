@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _setup(config):
   settings = settings_lib.from_config(config)
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
   optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
   schedule = optimizer_lib.make_schedule(settings.opt, settings.train.num_steps)
   return settings, mesh, optimizer, schedule
@@ -117,14 +117,14 @@ def test_interrupted_run_resumes_exactly(tiny_config, tmp_path, optimizer):
   assert list((tmp_path / "full" / "tensorboard").glob("events.out.tfevents.*"))
   # The three runs (one process, one setup) traced and compiled the train step once (loop.run_programs).
   settings = settings_lib.from_config(config)
-  assert loop.run_programs(settings, mesh_lib.make_mesh(settings.mesh.shape)).train_step._cache_size() == 1
+  assert loop.run_programs(settings, mesh_lib.make_mesh(settings.mesh.axis_sizes)).train_step._cache_size() == 1
 
 
 def test_run_programs_are_shared_by_runs_of_one_setup_only(tiny_config):
   """loop.run_programs: a run whose data, checkpoint or logging settings differ reuses the jitted programs (so a
   resume or a re-run notebook cell traces nothing again); any setting the programs depend on makes new ones."""
   settings = settings_lib.from_config(tiny_config)
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
   programs = loop.run_programs(settings, mesh)
   tiny_config.data.batch_size, tiny_config.train.ckpt_every, tiny_config.seed = 8, 1, 3  # not in the programs
   tiny_config.eval.seed, tiny_config.train.init_from = 5, "/elsewhere"
@@ -237,7 +237,7 @@ for name, shape, impl in cases:
   states[name] = (state.params, model_cfg)
 np.savez(tmp / "arrays.npz", **{f"{n}/{k}/{i}": a for n, d in arrays.items() for k, v in d.items() for i, a in enumerate(v)})
 out["train"] = results
-sampler_cfg = settings_lib.from_config(config).sample.sampler  # (mesh 'mixed': its 4 experts split over expert=2)
+sampler_cfg = settings_lib.from_config(config).canvas_sampler  # (mesh 'mixed': its 4 experts split over expert=2)
 
 # Expert-parallel dispatch with a token count that needs padding (37 tokens over 8 shards).
 g = np.random.default_rng(0)

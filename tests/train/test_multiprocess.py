@@ -85,7 +85,7 @@ workdir, port, pid = sys.argv[2], sys.argv[3], int(sys.argv[4])
 assert distributed.init_distributed(f"localhost:{port}", 2, pid)
 assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
 settings = settings_lib.from_config(settings_lib.from_json(open(f"{workdir}/config.json").read()))
-mesh = mesh_lib.make_mesh(settings.mesh.shape)
+mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
 _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules,
                                                 optimizer_lib.make_optimizer(settings.opt, 2))
 manager = workdir_ckpt.make_manager(workdir, read_only=True, async_save=False)
@@ -130,7 +130,7 @@ def test_two_processes_match_one_and_checkpoints_reshard(tiny_config, tmp_path):
 
   # ---- B. the same 2 steps in this process on the global batch; restore the 2-process checkpoint
   model_cfg, axis_rules = settings.model, settings.mesh.axis_rules
-  mesh = mesh_lib.make_mesh(settings.mesh.shape, devices=jax.devices()[:1])
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes, devices=jax.devices()[:1])
   optimizer = optimizer_lib.make_optimizer(settings.opt, 2)
   loss_cfg = settings.diffusion
   step = jax.jit(step_lib.make_train_step(model_cfg, loss_cfg, optimizer, optimizer_lib.make_schedule(settings.opt, 2)))

@@ -39,7 +39,7 @@ def _quick(config):
 def _state_is_finite(workdir, step, config) -> bool:
   """Every leaf of the saved state at `step` (params and optimizer state) is finite."""
   settings = settings_lib.from_config(config)
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
   optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps, settings.finetune)
   _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer)
   manager = workdir_ckpt.make_manager(workdir, read_only=True, async_save=False)
@@ -124,7 +124,7 @@ def test_sampling_nonfinite_params_is_an_error(tiny_config, tmp_path):
   config.train.num_steps = 2
   loop.train_and_evaluate(config, str(tmp_path / "wd"), stop_after_steps=0)  # a workdir, no steps yet
   settings = settings_lib.from_config(config)
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
   optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
   state, _ = state_lib.create_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer,
                                           jax.random.PRNGKey(0))

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from configs import tiny_test
-from dgemma import mesh as mesh_lib
+from dgemma import finetune, mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.model.sharding import place
 from dgemma.train import optimizer as optimizer_lib
@@ -28,11 +28,11 @@ def test_abstract_state_equals_the_shapes_init_fn_makes(optimizer_name, finetune
   settings = settings_lib.from_config(config)
   # An abstract mesh with every axis of size 2 (nothing runs on it): on the 1-device mesh of a test process every
   # spec would fit to replicated, and the comparison below could not see a lost logical axis name.
-  names = mesh_lib.make_mesh(settings.mesh.shape).axis_names
+  names = mesh_lib.make_mesh(settings.mesh.axis_sizes).axis_names
   mesh = jax.sharding.AbstractMesh((2,) * len(names), names)
   optimizer = optimizer_lib.make_optimizer(settings.opt, 10, settings.finetune, settings.model)
   init_fn, abstract, shardings = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules,
-                                                                optimizer, settings.base_quant, settings.finetune)
+                                                                optimizer, finetune.base_quantizer(settings.finetune))
   # The reference: trace init_fn itself (the model's init and the optimizer's), drop the boxes optax.masked leaves
   # around nothing, and place the logical axis names on the mesh, as the function did before it read the cached
   # parameter shapes (so the shardings below come from init_fn's own boxes, not from `abstract`).

@@ -29,7 +29,7 @@ def _validation(config, *, seed=0, eval_seed=0, train_times=False, **diffusion_o
   for key, value in diffusion_overrides.items():
     setattr(config.diffusion, key, value)
   settings = settings_lib.from_config(config)
-  mesh = mesh_lib.make_mesh(settings.mesh.shape)
+  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
   params = _initial_params(settings.model, mesh, settings.mesh.axis_rules)
   if train_times:
     eval_step = jax.jit(lambda p, b, r: diffusion_loss_lib.diffusion_loss(

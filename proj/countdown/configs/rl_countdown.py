@@ -11,4 +11,5 @@ from proj.sudoku.configs import rl_sudoku
 
 
 def get_config(base: str = ""):
-  return rl_sudoku.grpo(countdown.get_config("data/countdown/train.jsonl"), init_from=base, reward="countdown")
+  return rl_sudoku.grpo(countdown.get_config("data/countdown/train.jsonl"), init_from=base, reward="countdown",
+                        reward_module="proj.countdown.reward")

@@ -6,7 +6,7 @@
       --config.out_dir=/tmp/renoise_sudoku
 
 `checkpoint` is a run of proj/sudoku/configs/sudoku.py (python train.py --config=proj/sudoku/configs/sudoku.py --workdir=workdirs/sudoku);
-every setting changes only `sample.*`, so all are evaluated on that one run (no training). Metric 'sudoku'
+every setting changes only `sample.*`, so all are evaluated on that one run (no training). The metric
 (proj/sudoku/eval.py `ablation_metrics`): solve rate, cell accuracy and blank accuracy on the run's held-out
 validation puzzles. Settings cross sample.renoise ('non_accepted' = released: every non-accepted cell gets
 a fresh uniform token each step; 'none': non-accepted cells keep their sampled token; 'low_confidence':
@@ -28,7 +28,7 @@ def get_config():
   config.settings = tuple(
       (f"{renoise}_steps{steps}", renoise, {"sample.renoise": renoise, "sample.max_denoising_steps": steps})
       for renoise in RENOISE for steps in STEPS)
-  config.metric = "sudoku"
+  config.metric = "proj.sudoku.eval:ablation_metrics"
   config.plots = (("sample.max_denoising_steps", "solve_rate", "renoise_sudoku_solve_rate.png"),
                   ("sample.max_denoising_steps", "cell_accuracy", "renoise_sudoku_cell_accuracy.png"))
   config.out_dir = "workdirs/ablations/renoise_sudoku"

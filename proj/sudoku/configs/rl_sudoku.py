@@ -19,13 +19,14 @@ from proj.sudoku.configs import sudoku
 
 
 def get_config(base: str = ""):
-  return grpo(sudoku.get_config(), init_from=base, reward="sudoku")
+  return grpo(sudoku.get_config(), init_from=base, reward="sudoku", reward_module="proj.sudoku.reward")
 
 
-def grpo(config, *, init_from: str, reward: str):
+def grpo(config, *, init_from: str, reward: str, reward_module: str):
   """`config` trained on rewards of its own samples from the run `init_from`: groups of 8 samples for each of 8
   prompts a step, 4 of the denoising steps scored per update, KL 0.04 to the start, lr 1e-4 (cosine-decayed after 10
-  warmup steps, no weight decay), 400 updates, a checkpoint every 50."""
+  warmup steps, no weight decay), 400 updates, a checkpoint every 50. `reward_module` registers `reward`."""
+  config.imports = tuple(config.imports) + (reward_module,)
   config.train.init_from = init_from
   config.rl.algorithm = "grpo"
   config.rl.reward = reward

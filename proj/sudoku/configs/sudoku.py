@@ -48,7 +48,7 @@ from configs.models import tiny
 
 
 def get_config():
-  config = base.get_config()
+  config = base.get_config(imports=("proj.sudoku.data",))  # the Sudoku source and its data.sudoku group
   config.model = tiny.get_config()
   config.model.update(dict(
       preset="sudoku",

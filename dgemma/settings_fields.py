@@ -10,13 +10,18 @@ frozen dataclass, with its default, type, bounds or choices and a one-line doc, 
     def __post_init__(self):
       fields.check(self)             # types, bounds, choices; an integral float becomes an int, a list a tuple
 
-`setting(default, doc, ...)` declares a key: `lo` / `hi` bounds (open with `lo_open` / `hi_open`), `choices` (a
-tuple, or a function returning a registry's names, read when checked), `items` (the type of a tuple's items:
-str, int, float, or 'pair' for (int, int) pairs), `key` (the config key, when it is not the field's name),
-`zero_means` (a value that 0 stands for, e.g. max_context 0 = the model's context). `group(cls, doc)` nests a
-group (its keys under the field's name) and `group(cls, doc, flatten=True)` lays a group's keys into its
-parent's (the `sample` group holds the request's keys and the SamplerConfig's). Fields declared with neither are
-derived (set by the code that builds the group, never a config key).
+`setting(default, doc, ...)` declares a key, whose name is the field's: `lo` / `hi` bounds (open with `lo_open` /
+`hi_open`), `choices` (a tuple, or a function returning a registry's names, read when checked), `items` (the type
+of a tuple's items: str, int, float, or 'pair' for (int, int) pairs), `zero_means` (a value that 0 stands for, e.g.
+max_context 0 = the model's context). `group(cls, doc)` nests a group (its keys under the field's name) and
+`group(cls, doc, flatten=True)` lays a group's keys into its parent's (the `sample` group holds the request's keys
+and the sampler's, `SamplerSettings`). Fields declared with neither are not config keys (ModelConfig.lora, set
+from the finetune group).
+
+A study adds a group of its own to a group that derives from `Extensible` (`data`): `register_group(DataSettings,
+'puzzles', PuzzleSettings, module=__name__)` in the study's module makes the keys `data.puzzles.*`. The group exists in a config whose `imports` key
+names that module (`dgemma.settings` imports them before it reads the rest), so which keys a config has never
+depends on what else the process imported.
 
 The raw config (an ml_collections.ConfigDict of configs/*.py) meets these declarations only in dgemma.settings:
 `from_raw` builds a group from it (unknown keys are an error naming them), `defaults` makes the raw config of
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from dgemma.errors import ConfigError
 
@@ -46,7 +51,6 @@ class Spec:
   hi_open: bool = False
   choices: Any = None
   items: Any = None
-  key: Optional[str] = None
   zero_means: Any = None
   group: Any = None
   flatten: bool = False
@@ -63,17 +67,15 @@ def _kind(default) -> Any:
 
 
 def setting(default, doc: str, *, lo=None, hi=None, lo_open=False, hi_open=False, choices=None, items=None,
-            key=None, zero_means=None, compare: bool = True) -> Any:
+            zero_means=None, compare: bool = True) -> Any:
   """A dataclass field that is a config key (module docstring)."""
-  spec = Spec(doc, _kind(default), lo, hi, lo_open, hi_open, choices, items, key, zero_means)
+  spec = Spec(doc, _kind(default), lo, hi, lo_open, hi_open, choices, items, zero_means)
   return dataclasses.field(default=default, compare=compare, metadata={_SPEC: spec})
 
 
-def group(cls, doc: str, *, flatten: bool = False, key: Optional[str] = None) -> Any:
-  """A nested group of settings (`cls` a declared dataclass), at its defaults unless given; `key`: its config
-  key when it is not the field's name."""
-  return dataclasses.field(default_factory=cls,
-                           metadata={_SPEC: Spec(doc, "group", group=cls, flatten=flatten, key=key)})
+def group(cls, doc: str, *, flatten: bool = False) -> Any:
+  """A nested group of settings (`cls` a declared dataclass), at its defaults unless given."""
+  return dataclasses.field(default_factory=cls, metadata={_SPEC: Spec(doc, "group", group=cls, flatten=flatten)})
 
 
 def declared(cls_or_obj) -> Iterator[tuple[dataclasses.Field, Spec]]:
@@ -83,8 +85,47 @@ def declared(cls_or_obj) -> Iterator[tuple[dataclasses.Field, Spec]]:
       yield f, f.metadata[_SPEC]
 
 
-def key_of(f: dataclasses.Field, spec: Spec) -> str:
-  return spec.key or f.name
+# ---- groups a study adds (module docstring) ---------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Extensible:
+  """A group that studies may add groups to (`register_group`); a registered group reads as an attribute
+  (`settings.data.puzzles`)."""
+  extensions: tuple = ()  # ((key, group), ...): the registered groups of the config's imports, built
+
+  def __getattr__(self, name: str):
+    if not name.startswith("__") and name != "extensions":
+      for key, value in self.extensions:
+        if key == name:
+          return value
+    raise AttributeError(f"{type(self).__name__} has no setting or group {name!r}")
+
+
+_REGISTERED: dict[type, dict[str, tuple[type, str]]] = {}
+
+
+def register_group(parent: type, key: str, cls: type, module: str) -> None:
+  """Adds the group `cls` under `key` to the Extensible group `parent`, for configs whose `imports` name `module`
+  (the study module that calls this)."""
+  if not issubclass(parent, Extensible):
+    raise TypeError(f"register_group: {parent.__name__} takes no study groups")
+  if any(f.name == key for f in dataclasses.fields(parent)):
+    raise ValueError(f"register_group: {parent.__name__} already has a field {key!r}")
+  known = _REGISTERED.setdefault(parent, {})
+  if key in known and known[key] != (cls, module):
+    raise ValueError(f"register_group: {parent.__name__}.{key} is {known[key][0].__name__} of {known[key][1]}")
+  known[key] = (cls, module)
+
+
+def _extensions(cls, imports: Sequence[str]) -> list[tuple[str, type]]:
+  """(key, group class) of the groups registered to `cls` by the modules `imports` names."""
+  if not (isinstance(cls, type) and issubclass(cls, Extensible)):
+    return []
+  return [(key, group_cls) for key, (group_cls, module) in _REGISTERED.get(cls, {}).items() if module in imports]
+
+
+def _built_extensions(obj) -> tuple:
+  return obj.extensions if isinstance(obj, Extensible) else ()
 
 
 def _name(prefix: str, key: str) -> str:
@@ -182,9 +223,9 @@ def check(obj, prefix: Optional[str] = None) -> None:
   for f, spec in declared(obj):
     if spec.kind == "group":
       if not isinstance(getattr(obj, f.name), spec.group):
-        _fail(_name(prefix, key_of(f, spec)), f"expected a {spec.group.__name__}, got {getattr(obj, f.name)!r}")
+        _fail(_name(prefix, f.name), f"expected a {spec.group.__name__}, got {getattr(obj, f.name)!r}")
       continue
-    object.__setattr__(obj, f.name, value(_name(prefix, key_of(f, spec)), getattr(obj, f.name), spec))
+    object.__setattr__(obj, f.name, value(_name(prefix, f.name), getattr(obj, f.name), spec))
 
 
 def need(cond: bool, field: str, msg: str) -> None:
@@ -194,24 +235,27 @@ def need(cond: bool, field: str, msg: str) -> None:
 
 
 # ---- the raw config ---------------------------------------------------------------------------------
+# `imports`: the modules a config names (module docstring); they decide which registered groups a group has.
 
-def keys(cls) -> dict[str, Any]:
+def keys(cls, imports: Sequence[str] = ()) -> dict[str, Any]:
   """{config key: spec or nested {…}} of a group class: the shape of its raw config (flattened groups merged)."""
   out: dict[str, Any] = {}
   for f, spec in declared(cls):
     if spec.kind == "group":
       if spec.flatten:
-        out.update(keys(spec.group))
+        out.update(keys(spec.group, imports))
       else:
-        out[key_of(f, spec)] = keys(spec.group)
+        out[f.name] = keys(spec.group, imports)
     else:
-      out[key_of(f, spec)] = spec
+      out[f.name] = spec
+  for key, group_cls in _extensions(cls, imports):
+    out[key] = keys(group_cls, imports)
   return out
 
 
-def unknown_keys(cls, raw, prefix: str) -> list[str]:
+def unknown_keys(cls, raw, prefix: str, imports: Sequence[str] = ()) -> list[str]:
   """Dotted names of the keys of `raw` (a ConfigDict or dict) that `cls` does not declare."""
-  return _unknown(keys(cls), raw, prefix)
+  return _unknown(keys(cls, imports), raw, prefix)
 
 
 def _unknown(known: dict, raw, prefix: str) -> list[str]:
@@ -226,18 +270,30 @@ def _unknown(known: dict, raw, prefix: str) -> list[str]:
   return out
 
 
-def from_raw(cls, raw, **derived):
+def from_raw(cls, raw, imports: Sequence[str] = (), **derived):
   """The group `cls` from its raw config `raw` (every declared key read: a missing one takes its default),
-  plus `derived` values; a dict given for a nested group field holds that group's derived values."""
+  plus `derived` values (fields that are not keys)."""
   kwargs = {}
+  sub = lambda key: raw[key] if key in raw else {}
   for f, spec in declared(cls):
     if spec.kind == "group":
-      sub = raw if spec.flatten else (raw[key_of(f, spec)] if key_of(f, spec) in raw else {})
-      kwargs[f.name] = from_raw(spec.group, sub, **derived.pop(f.name, {}))
-    elif key_of(f, spec) in raw:
-      kwargs[f.name] = raw[key_of(f, spec)]
+      kwargs[f.name] = from_raw(spec.group, raw if spec.flatten else sub(f.name), imports)
+    elif f.name in raw:
+      kwargs[f.name] = raw[f.name]
+  extensions = tuple((key, from_raw(group_cls, sub(key), imports)) for key, group_cls in _extensions(cls, imports))
+  if extensions:
+    kwargs["extensions"] = extensions
   kwargs.update(derived)
   return cls(**kwargs)
+
+
+def _groups(obj) -> Iterator[tuple[str, Any, bool]]:
+  """(key, nested group, flattened) of a built group: its declared groups, then the registered ones it holds."""
+  for f, spec in declared(obj):
+    if spec.kind == "group":
+      yield f.name, getattr(obj, f.name), spec.flatten
+  for key, value in _built_extensions(obj):
+    yield key, value, False
 
 
 def to_raw(obj) -> dict:
@@ -246,38 +302,39 @@ def to_raw(obj) -> dict:
   for f, spec in declared(obj):
     v = getattr(obj, f.name)
     if spec.kind == "group":
-      if spec.flatten:
-        out.update(to_raw(v))
-      else:
-        out[key_of(f, spec)] = to_raw(v)
-    elif isinstance(v, tuple):
-      out[key_of(f, spec)] = [list(x) if isinstance(x, tuple) else x for x in v]
+      continue
+    out[f.name] = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
+  for key, value, flattened in _groups(obj):
+    if flattened:
+      out.update(to_raw(value))
     else:
-      out[key_of(f, spec)] = v
+      out[key] = to_raw(value)
   return out
 
 
-def defaults(cls) -> dict:
+def defaults(cls, imports: Sequence[str] = ()) -> dict:
   """The raw config of every default of `cls` (nested dicts; tuples kept)."""
   out: dict[str, Any] = {}
   for f, spec in declared(cls):
     if spec.kind == "group":
       if spec.flatten:
-        out.update(defaults(spec.group))
+        out.update(defaults(spec.group, imports))
       else:
-        out[key_of(f, spec)] = defaults(spec.group)
+        out[f.name] = defaults(spec.group, imports)
     else:
-      out[key_of(f, spec)] = f.default
+      out[f.name] = f.default
+  for key, group_cls in _extensions(cls, imports):
+    out[key] = defaults(group_cls, imports)
   return out
 
 
-def rows(cls, prefix: str = "") -> list[tuple[str, str, Any, str, str]]:
+def rows(cls, prefix: str = "", imports: Sequence[str] = ()) -> list[tuple[str, str, Any, str, str]]:
   """(dotted key, type, default, bounds or choices, doc) of every key of `cls` (python -m dgemma.settings)."""
   out = []
   for f, spec in declared(cls):
-    name = _name(prefix, key_of(f, spec))
+    name = _name(prefix, f.name)
     if spec.kind == "group":
-      out += rows(spec.group, prefix if spec.flatten else name)
+      out += rows(spec.group, prefix if spec.flatten else name, imports)
       continue
     limits = []
     if spec.lo is not None:
@@ -289,17 +346,17 @@ def rows(cls, prefix: str = "") -> list[tuple[str, str, Any, str, str]]:
       limits.append(" | ".join(map(repr, options)))
     kind = spec.kind.__name__ + (f"[{getattr(spec.items, '__name__', spec.items)}]" if spec.items else "")
     out.append((name, kind, f.default, ", ".join(limits), spec.doc))
+  for key, group_cls in _extensions(cls, imports):
+    out += rows(group_cls, _name(prefix, key), imports)
   return out
 
 
 def flat(obj, prefix: str = "") -> dict[str, Any]:
-  """{dotted key: value} of every declared key of a built group (what resume checks compare)."""
+  """{dotted key: value} of every key of a built group (what resume checks compare)."""
   out: dict[str, Any] = {}
   for f, spec in declared(obj):
-    v = getattr(obj, f.name)
-    if spec.kind == "group":
-      out.update(flat(v, prefix if spec.flatten else _name(prefix, key_of(f, spec))))
-    else:
-      out[_name(prefix, key_of(f, spec))] = v
+    if spec.kind != "group":
+      out[_name(prefix, f.name)] = getattr(obj, f.name)
+  for key, value, flattened in _groups(obj):
+    out.update(flat(value, prefix if flattened else _name(prefix, key)))
   return out
-

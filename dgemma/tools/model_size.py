@@ -1,7 +1,7 @@
 """Parameter count of a model config: total, active per token, per component, and weight bytes.
 
-  python -m dgemma.tools.params --config=configs/models/diffusiongemma_26b_a4b.py
-  python -m dgemma.tools.params --config=configs/demo.py --config.model.d_model=256
+  python -m dgemma.tools.model_size --config=configs/models/diffusiongemma_26b_a4b.py
+  python -m dgemma.tools.model_size --config=configs/demo.py --config.model.d_model=256
 
 `--config` is either a model preset (configs/models/*.py: get_config() is the model group) or an
 experiment config (configs/*.py with a `.model` group); overrides then go to `--config.<field>` or
@@ -240,4 +240,4 @@ if __name__ == "__main__":
   _CONFIG = config_flags.DEFINE_config_file(
       "config", None, "A model preset (configs/models/*.py) or an experiment config (with a .model group).")
   flags.mark_flags_as_required(["config"])
-  cli.run(main, "dgemma.tools.params")
+  cli.run(main, "dgemma.tools.model_size")
