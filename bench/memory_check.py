@@ -25,15 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
 from dgemma import quant
 from dgemma.model import ModelConfig
 from dgemma.tools import memory, model_size
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/models/small.py", "Model preset.")
-_CONTEXT = flags.DEFINE_integer("context", 256, "KV cache slots.")
-_CANVAS = flags.DEFINE_integer("canvas", 256, "Canvas tokens (inference).")
+from bench.model_flags import CANVAS as _CANVAS, CONFIG as _CONFIG, CONTEXT as _CONTEXT  # pylint: disable=g-bad-import-order
 _BATCH = flags.DEFINE_integer("batch", 2, "Training rows.")
 _SEQ = flags.DEFINE_integer("seq_len", 128, "Training row length.")
 _TRAIN_CANVAS = flags.DEFINE_integer("train_canvas", 32, "Training canvas length.")

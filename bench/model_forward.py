@@ -21,15 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.tools import model_size
 from bench.timing import matmul_gflops, median_seconds
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/models/small.py", "Model preset (or experiment config).")
-_CANVAS = flags.DEFINE_integer("canvas", 256, "Canvas tokens.")
-_CONTEXT = flags.DEFINE_integer("context", 256, "Encoded context tokens in the KV cache.")
+from bench.model_flags import CANVAS as _CANVAS, CONFIG as _CONFIG, CONTEXT as _CONTEXT  # pylint: disable=g-bad-import-order
 _REPS = flags.DEFINE_integer("reps", 20, "Timed calls per measurement.")
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "Size of the f32 matmul the rates are put against.")
 

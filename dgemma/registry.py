@@ -4,7 +4,7 @@ importing the modules its config names (`imports`), and a user's function named 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from dgemma.errors import ConfigError
 
@@ -35,3 +35,27 @@ def load_function(path: str, field: str) -> Callable:
   if not callable(fn):
     raise ConfigError(f"{field}: {module_name!r} has no function {attr!r}")
   return fn
+
+
+class Table(dict):
+  """A registry: {name: record} (each record has a `.name`) that a config key (`field`) chooses from. A study adds its
+  records with `register` when its module is imported (the config names that module in `imports`)."""
+
+  def __init__(self, field: str, records: Iterable[Any]):
+    super().__init__((r.name, r) for r in records)
+    self.field = field
+
+  def register(self, record: Any) -> Any:
+    self[record.name] = record
+    return record
+
+  def names(self) -> tuple[str, ...]:
+    """Every record's name, those of the studies imported so far included."""
+    return tuple(self)
+
+  def lookup(self, name: str) -> Any:
+    """The record `name`; one line naming the field when there is none."""
+    if name not in self:
+      raise ConfigError(f"{self.field}: {name!r} not in {self.names()} (a study's records are registered by the "
+                        "modules its config names in `imports`)")
+    return self[name]

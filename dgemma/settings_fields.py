@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from dgemma.errors import ConfigError
 
@@ -237,20 +237,25 @@ def need(cond: bool, field: str, msg: str) -> None:
 # ---- the raw config ---------------------------------------------------------------------------------
 # `imports`: the modules a config names (module docstring); they decide which registered groups a group has.
 
-def keys(cls, imports: Sequence[str] = ()) -> dict[str, Any]:
-  """{config key: spec or nested {…}} of a group class: the shape of its raw config (flattened groups merged)."""
+def _raw_tree(cls, imports: Sequence[str], leaf: Callable[[dataclasses.Field, Spec], Any]) -> dict[str, Any]:
+  """{config key: leaf(field, spec) or nested {…}} of a group class: its raw config's shape (flattened groups merged,
+  the registered groups of `imports` added)."""
   out: dict[str, Any] = {}
   for f, spec in declared(cls):
-    if spec.kind == "group":
-      if spec.flatten:
-        out.update(keys(spec.group, imports))
-      else:
-        out[f.name] = keys(spec.group, imports)
+    if spec.kind != "group":
+      out[f.name] = leaf(f, spec)
+    elif spec.flatten:
+      out.update(_raw_tree(spec.group, imports, leaf))
     else:
-      out[f.name] = spec
+      out[f.name] = _raw_tree(spec.group, imports, leaf)
   for key, group_cls in _extensions(cls, imports):
-    out[key] = keys(group_cls, imports)
+    out[key] = _raw_tree(group_cls, imports, leaf)
   return out
+
+
+def keys(cls, imports: Sequence[str] = ()) -> dict[str, Any]:
+  """{config key: spec or nested {…}} of a group class."""
+  return _raw_tree(cls, imports, lambda f, spec: spec)
 
 
 def unknown_keys(cls, raw, prefix: str, imports: Sequence[str] = ()) -> list[str]:
@@ -314,18 +319,7 @@ def to_raw(obj) -> dict:
 
 def defaults(cls, imports: Sequence[str] = ()) -> dict:
   """The raw config of every default of `cls` (nested dicts; tuples kept)."""
-  out: dict[str, Any] = {}
-  for f, spec in declared(cls):
-    if spec.kind == "group":
-      if spec.flatten:
-        out.update(defaults(spec.group, imports))
-      else:
-        out[f.name] = defaults(spec.group, imports)
-    else:
-      out[f.name] = f.default
-  for key, group_cls in _extensions(cls, imports):
-    out[key] = defaults(group_cls, imports)
-  return out
+  return _raw_tree(cls, imports, lambda f, spec: f.default)
 
 
 def rows(cls, prefix: str = "", imports: Sequence[str] = ()) -> list[tuple[str, str, Any, str, str]]:

@@ -48,21 +48,8 @@ class Tokenizer(abc.ABC):
   def vocab_size(self) -> int:
     """Number of ids this tokenizer can emit."""
 
-  @property
-  def pad_id(self) -> int:
-    return PAD_ID
-
-  @property
-  def eos_id(self) -> int:
-    return EOS_ID
-
-  @property
-  def bos_id(self) -> int:
-    return BOS_ID
-
-  @property
-  def unk_id(self) -> int:
-    return UNK_ID
+  # the special ids (Gemma's); a tokenizer read from a file has its own
+  pad_id, eos_id, bos_id, unk_id = PAD_ID, EOS_ID, BOS_ID, UNK_ID
 
   @abc.abstractmethod
   def encode(self, text: str) -> list[int]:
@@ -100,25 +87,11 @@ class _ModelFileTokenizer(Tokenizer):
   __init__ (`_pad`, `_eos`, `_bos`, `_unk`, `_vocab_size`), and decoding drops `_dropped_ids` (control
   and special pieces) and ids outside the vocabulary."""
 
-  @property
-  def vocab_size(self) -> int:
-    return self._vocab_size
-
-  @property
-  def pad_id(self) -> int:
-    return self._pad
-
-  @property
-  def eos_id(self) -> int:
-    return self._eos
-
-  @property
-  def bos_id(self) -> int:
-    return self._bos
-
-  @property
-  def unk_id(self) -> int:
-    return self._unk
+  vocab_size = property(lambda self: self._vocab_size)
+  pad_id = property(lambda self: self._pad)
+  eos_id = property(lambda self: self._eos)
+  bos_id = property(lambda self: self._bos)
+  unk_id = property(lambda self: self._unk)
 
   def _decodable(self, ids: Sequence[int]) -> list[int]:
     return [int(i) for i in ids if 0 <= int(i) < self._vocab_size and int(i) not in self._dropped_ids]

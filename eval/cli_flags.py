@@ -2,7 +2,7 @@
 dgemma/tools/cli.py (one-line errors, config files that report a missing file).
 
   if __name__ == "__main__":
-    cli_flags.define(data=("string", "eval.data ..."), num_t_samples=("integer", "..."))
+    cli_flags.define("data", "num_t_samples")      # --data, --num_t_samples: eval.data, eval.num_t_samples
     cli_flags.main(main, "eval.likelihood")          # main(argv) calls cli_flags.run_eval(argv, run)
 """
 
@@ -21,16 +21,16 @@ from dgemma.tools import cli
 _DEFINED: dict = {}
 
 
-def define(**eval_flags: tuple[str, str]) -> None:
-  """--config, --checkpoint, --step, and one --NAME flag per eval.NAME (kind: 'string' | 'integer' | 'float')."""
+def define(*eval_keys: str) -> None:
+  """--config, --checkpoint, --step, and one --NAME flag per eval.NAME key, its type and help the key's declaration
+  (dgemma/settings/groups.py EvalSettings; `cli.define_setting_flags`)."""
   _DEFINED["config"] = config_flags.DEFINE_config_file(
       "config", None, "Config whose `sample` / `eval` settings to use (for a checkpoint without a run config, "
       "also its data / diffusion settings); optional.")
   _DEFINED["checkpoint"] = flags.DEFINE_string("checkpoint", None, "A training workdir, params checkpoint, adapter "
                                                "or Hugging Face directory.", required=True)
   _DEFINED["step"] = flags.DEFINE_integer("step", -1, "Training step of a workdir (-1 = latest).")
-  _DEFINED["eval"] = {name: getattr(flags, f"DEFINE_{kind}")(name, None, help_text)
-                      for name, (kind, help_text) in eval_flags.items()}
+  _DEFINED["eval"] = cli.define_setting_flags(settings_lib.EvalSettings, *eval_keys, unset=True)
 
 
 def eval_config(config: Optional[ml_collections.ConfigDict], checkpoint: str,

@@ -110,12 +110,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli_flags.define(
-      data=("string", "eval.data: a .txt/.jsonl file or a split name."),
-      num_t_samples=("integer", "eval.num_t_samples."),
-      max_tokens=("integer", "eval.max_tokens (per document)."),
-      max_documents=("integer", "eval.max_documents."),
-      context_len=("integer", "eval.context_len."),
-      reference=("string", "eval.reference: a checkpoint scored on the same canvases, for a paired ratio."),
-      out=("string", "eval.out: write the summary JSON (with the per-canvas lists) here."))
+  cli_flags.define("data", "num_t_samples", "max_tokens", "max_documents", "context_len", "reference", "out")
   cli_flags.main(main, "eval.likelihood")

@@ -288,12 +288,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli_flags.define(
-      num_samples=("integer", "eval.num_samples."),
-      prompts=("string", "eval.prompts: a .txt/.jsonl prompts file."),
-      reference=("string", "eval.reference: AR checkpoint for generative perplexity."),
-      real_words=("string", "eval.real_words: 'train' or a .txt corpus for real_word_rate."),
-      truth=("string", "eval.truth: a Markov source's truth.json: the samples' bits per byte under it."),
-      samples_out=("string", "eval.samples_out: JSONL of the samples."),
-      out=("string", "eval.out: write the summary JSON here."))
+  cli_flags.define("num_samples", "prompts", "reference", "real_words", "truth", "samples_out", "out")
   cli_flags.main(main, "eval.samples")

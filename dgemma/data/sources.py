@@ -22,6 +22,7 @@ import dataclasses
 import os
 from typing import Callable
 
+from dgemma import registry
 from dgemma.data import builder, pipeline
 from dgemma.data.pipeline import DataIterator, PreparedData
 from dgemma.errors import ConfigError
@@ -48,29 +49,12 @@ class DataSource:
   make_iterator: Callable
 
 
-SOURCES: dict[str, DataSource] = {s.name: s for s in (
+SOURCES = registry.Table("data.source", (
     DataSource("shakespeare", _no_checks, pipeline.prepare_local, pipeline.make_text_iterator),
     DataSource("files", _validate_files, pipeline.prepare_local, pipeline.make_text_iterator),
     DataSource("tfds", _validate_tfds, pipeline.prepare_tfds, pipeline.make_text_iterator),
-)}
-
-
-def register(source: DataSource) -> DataSource:
-  """Adds a study's source to SOURCES (its module calls this when imported)."""
-  SOURCES[source.name] = source
-  return source
-
-
-def names() -> tuple[str, ...]:
-  """Every source's name, those of the studies imported so far included."""
-  return tuple(SOURCES)
-
-
-def get(name: str) -> DataSource:
-  if name not in names():
-    raise ConfigError(f"data.source: {name!r} not in {names()} (a study's source is registered by the module the "
-                      "config names in `imports`)")
-  return SOURCES[name]
+))
+register, names, get = SOURCES.register, SOURCES.names, SOURCES.lookup  # a study's module calls register
 
 
 def prepare(settings) -> PreparedData:

@@ -46,21 +46,11 @@ def _exact_match(prompt: str, completion: str, reference: str) -> float:
   return float(completion.strip() == reference.strip())
 
 
-REWARDS: dict[str, Reward] = {r.name: r for r in (
+REWARDS = registry.Table("rl.reward", (
     Reward("exact_match", per_sample(_exact_match), "1 when the completion equals the reference (stripped)"),
     Reward("python", None, "rl.reward_fn = 'module.path:function', text -> float"),
-)}
-
-
-def register(reward: Reward) -> Reward:
-  """Adds a study's reward to REWARDS (its module calls this when imported)."""
-  REWARDS[reward.name] = reward
-  return reward
-
-
-def names() -> tuple[str, ...]:
-  """Every reward's name, those of the studies imported so far included."""
-  return tuple(REWARDS)
+))
+register, names = REWARDS.register, REWARDS.names  # a study's module calls register
 
 
 def _python_score(fn: Callable) -> ScoreFn:
@@ -79,9 +69,7 @@ def _python_score(fn: Callable) -> ScoreFn:
 
 def scorer(rl) -> ScoreFn:
   """The batch score of the settings `rl` (an RLSettings) name; errors name the field."""
-  if rl.reward not in names():
-    raise ConfigError(f"rl.reward: {rl.reward!r} not in {names()} (a study's reward is registered by the module the "
-                      "config names in `imports`)")
-  if rl.reward == "python":
+  reward = REWARDS.lookup(rl.reward)
+  if reward.name == "python":
     return _python_score(registry.load_function(rl.reward_fn, "rl.reward_fn"))
-  return REWARDS[rl.reward].score
+  return reward.score

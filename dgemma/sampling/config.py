@@ -52,11 +52,11 @@ class SamplerSettings:
   t_min: float = setting(0.4, "... falling linearly towards t_min", lo=0.0)
   stability_threshold: int = setting(1, "stop: the argmax canvas unchanged this many steps ...", lo=0)
   confidence_threshold: float = setting(0.005, "... and mean entropy below this (0 = never stop early)", lo=0.0)
-  early_exit: bool = setting(True, "lax.while_loop exits when every row is done (else lax.scan over every step)")
-  self_conditioning: bool = setting(True, "feed the previous step's logits back (False = a zero signal)")
   sampler: str = setting("released", "'released' | 'ancestral' (uniform-state posterior q(z_s | z_t, x_theta) from "
                          "t=1 to 0) | 'pc' (predictor-corrector) | 'masked' (MDLM reveal sampling; for mdlm runs)",
                          choices=lambda: tuple(rules.KINDS))
+  early_exit: bool = setting(True, "lax.while_loop exits when every row is done (else lax.scan over every step)")
+  self_conditioning: bool = setting(True, "feed the previous step's logits back (False = a zero signal)")
   pc_corrector_steps: int = setting(1, "sampler='pc': corrector passes per predictor pass (max_denoising_steps "
                                     "must be a multiple of 1 + this)", lo=1)
   pc_corrector_fraction: float = setting(1.0, "sampler='pc': the share of positions a corrector pass re-draws",

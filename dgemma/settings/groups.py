@@ -101,9 +101,11 @@ class TrainSettings:
   """`config.train`: the loop, checkpoints and what to do with a non-finite step (dgemma.train.loop)."""
   GROUP: ClassVar[str] = "train"
   num_steps: int = setting(1000, "optimizer steps of the run", lo=1)
+  # what the run reports
   log_every: int = setting(10, "steps per train metrics row", lo=1)
   eval_every: int = setting(200, "steps per validation pass", lo=1)
   eval_batches: int = setting(4, "batches per validation pass", lo=1)
+  # checkpoints
   ckpt_every: int = setting(200, "steps per checkpoint", lo=1)
   keep_checkpoints: int = setting(3, "checkpoints kept (the oldest rotated away)", lo=1)
   async_checkpointing: bool = setting(True, "write checkpoints while training goes on")

@@ -20,11 +20,30 @@ from typing import Callable, Sequence
 
 from absl import app, flags
 
-from dgemma import jax_cache
+from dgemma import jax_cache, settings_fields
 from dgemma.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 
 # Errors that are the user's input, not a bug: printed as one line.
 USER_ERRORS = (ConfigError, CheckpointError, DataError, TrainingDiverged, FileNotFoundError, FileExistsError)
+
+
+_FLAG_KINDS = {str: "string", int: "integer", float: "float", bool: "bool"}
+
+
+def define_setting_flags(group_cls, *names: str, unset: bool = False) -> dict[str, flags.FlagHolder]:
+  """One --NAME flag per key NAME of the declared settings group `group_cls` (dgemma/settings_fields.py): its type,
+  bounds and help (`GROUP.NAME: doc`) from the declaration, so a command's flag never restates a setting. Default:
+  the declared one, or None with `unset` (a flag left out leaves the setting as it is)."""
+  specs, fields_by_name = settings_fields.keys(group_cls), {f.name: f for f, _ in settings_fields.declared(group_cls)}
+  out = {}
+  for name in names:
+    spec = specs[name]
+    bounds = {} if spec.kind not in (int, float) else {
+        k: v for k, v in (("lower_bound", spec.lo), ("upper_bound", spec.hi)) if v is not None and not (
+            spec.lo_open if k == "lower_bound" else spec.hi_open)}
+    out[name] = getattr(flags, f"DEFINE_{_FLAG_KINDS[spec.kind]}")(
+        name, None if unset else fields_by_name[name].default, f"{group_cls.GROUP}.{name}: {spec.doc}", **bounds)
+  return out
 
 
 def _override_flags(argv: Sequence[str]) -> list[str]:

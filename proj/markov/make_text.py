@@ -19,10 +19,10 @@ from proj.markov import data as markov
 from dgemma.tools import cli
 
 _OUT_DIR = flags.DEFINE_string("out_dir", None, "Directory for train.txt, valid.txt and truth.json.", required=True)
-_NUM_TRAIN = flags.DEFINE_integer("num_train", 4000, "Training documents.")
-_NUM_VALID = flags.DEFINE_integer("num_valid", 64, "Validation documents.")
-_LENGTH = flags.DEFINE_integer("length", 1000, "Characters per document.")
-_ORDER = flags.DEFINE_integer("order", 2, "Markov order (symbols of context).")
+_NUM_TRAIN = flags.DEFINE_integer("num_train", 4000, "Training documents.", lower_bound=1)
+_NUM_VALID = flags.DEFINE_integer("num_valid", 64, "Validation documents.", lower_bound=1)
+_LENGTH = flags.DEFINE_integer("length", 1000, "Characters per document.", lower_bound=1)
+_ORDER = flags.DEFINE_integer("order", 2, "Markov order (symbols of context).", lower_bound=0)
 _CONCENTRATION = flags.DEFINE_float("concentration", 0.1, "Dirichlet concentration of each transition row.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the chain and of the documents.")
 

@@ -55,8 +55,8 @@ class SudokuSettings:
   """`config.data.sudoku`: the Sudoku source's rows [BOS, 81 puzzle | 81 solution digits]."""
   GROUP: ClassVar[str] = "data.sudoku"
   train_csv: str = setting("", "puzzle,solution CSV (python -m proj.sudoku.make_csv); '' = generate")
-  validation_csv: str = setting("", "the same for the validation split; '' = generate")
   num_train: int = setting(2000, "puzzles generated (unique solutions) when train_csv is empty", lo=0)
+  validation_csv: str = setting("", "the same for the validation split; '' = generate")
   num_validation: int = setting(200, "... and when validation_csv is empty; cached under data.cache_dir/sudoku",
                                 lo=0)
   min_blanks: int = setting(30, "blanks per generated puzzle ~ U{min_blanks..max_blanks}", lo=0, hi=64)

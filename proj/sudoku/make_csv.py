@@ -17,11 +17,10 @@ from proj.sudoku import data as sudoku
 from dgemma.tools import cli
 
 _OUT_DIR = flags.DEFINE_string("out_dir", None, "Directory for train.csv and test.csv.", required=True)
-_NUM_TRAIN = flags.DEFINE_integer("num_train", 2000, "Training puzzles (0 = none).")
-_NUM_TEST = flags.DEFINE_integer("num_test", 500, "Test puzzles.")
-_MIN_BLANKS = flags.DEFINE_integer("min_blanks", 30, "Fewest blanks per puzzle.")
-_MAX_BLANKS = flags.DEFINE_integer("max_blanks", 45, "Most blanks per puzzle.")
+_NUM_TEST = flags.DEFINE_integer("num_test", 500, "Test puzzles.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed.")
+# the same counts and blanks the Sudoku source generates with (data.sudoku.*; --num_train=0: no train.csv)
+_GENERATE = cli.define_setting_flags(sudoku.SudokuSettings, "num_train", "min_blanks", "max_blanks")
 
 
 def write_splits(out_dir: str, num_train: int, num_test: int, min_blanks: int, max_blanks: int, seed: int) -> tuple[int, int]:
@@ -40,9 +39,9 @@ def write_splits(out_dir: str, num_train: int, num_test: int, min_blanks: int, m
 def main(argv):
   cli.no_extra_args(argv)
   start = time.perf_counter()
-  n_train, n_test = write_splits(_OUT_DIR.value, _NUM_TRAIN.value, _NUM_TEST.value, _MIN_BLANKS.value,
-                                 _MAX_BLANKS.value, _SEED.value)
-  print(f"wrote {n_train} train and {n_test} test puzzles ({_MIN_BLANKS.value}-{_MAX_BLANKS.value} blanks) "
+  low, high = _GENERATE["min_blanks"].value, _GENERATE["max_blanks"].value
+  n_train, n_test = write_splits(_OUT_DIR.value, _GENERATE["num_train"].value, _NUM_TEST.value, low, high, _SEED.value)
+  print(f"wrote {n_train} train and {n_test} test puzzles ({low}-{high} blanks) "
         f"to {_OUT_DIR.value} in {time.perf_counter() - start:.1f}s")
 
 

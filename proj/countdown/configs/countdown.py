@@ -17,23 +17,12 @@ from proj.sudoku.configs import sudoku
 def get_config(files: str = ""):
   config = base.get_config()
   config.model = sudoku.get_config().model
-  config.data.source = "files"
-  config.data.files = tuple(f for f in files.split(",") if f)
-  config.data.format = "sft"
-  config.data.validation_fraction = 0.02
+  config.data.update(dict(source="files", files=tuple(f for f in files.split(",") if f), format="sft",
+                          validation_fraction=0.02, seq_len=96, batch_size=32))
   config.data.tokenizer.kind = "byte"
-  config.data.seq_len = 96
-  config.data.batch_size = 32
-  config.diffusion.canvas_len = 16
-  config.diffusion.encoder_loss_weight = 0.0   # the prompt is a random problem: nothing to learn from its next token
-  config.opt.lr = 2e-3
-  config.opt.warmup_steps = 100
-  config.opt.weight_decay = 0.01
-  config.train.num_steps = 3000
-  config.train.log_every = 50
-  config.train.eval_every = 500
-  config.train.ckpt_every = 500
-  config.train.progress_bar = False
-  config.sample.max_new_tokens = 16
-  config.sample.max_denoising_steps = 16
+  # encoder_loss_weight 0: the prompt is a random problem, nothing to learn from its next token
+  config.diffusion.update(dict(canvas_len=16, encoder_loss_weight=0.0))
+  config.opt.update(dict(lr=2e-3, warmup_steps=100, weight_decay=0.01))
+  config.train.update(dict(num_steps=3000, log_every=50, eval_every=500, ckpt_every=500, progress_bar=False))
+  config.sample.update(dict(max_new_tokens=16, max_denoising_steps=16))
   return config

@@ -27,19 +27,9 @@ def grpo(config, *, init_from: str, reward: str, reward_module: str):
   prompts a step, 4 of the denoising steps scored per update, KL 0.04 to the start, lr 1e-4 (cosine-decayed after 10
   warmup steps, no weight decay), 400 updates, a checkpoint every 50. `reward_module` registers `reward`."""
   config.imports = tuple(config.imports) + (reward_module,)
-  config.train.init_from = init_from
-  config.rl.algorithm = "grpo"
-  config.rl.reward = reward
-  config.rl.group_size = 8
-  config.rl.steps_per_update = 4
-  config.rl.kl_weight = 0.04
+  config.rl.update(dict(algorithm="grpo", reward=reward, group_size=8, steps_per_update=4, kl_weight=0.04))
   config.data.batch_size = 8
-  config.opt.lr = 1e-4
-  config.opt.warmup_steps = 10
-  config.opt.weight_decay = 0.0
-  config.train.num_steps = 400
-  config.train.log_every = 5
-  config.train.eval_every = 100
-  config.train.ckpt_every = 50
-  config.train.keep_checkpoints = 20
+  config.opt.update(dict(lr=1e-4, warmup_steps=10, weight_decay=0.0))
+  config.train.update(dict(init_from=init_from, num_steps=400, log_every=5, eval_every=100, ckpt_every=50,
+                           keep_checkpoints=20))
   return config

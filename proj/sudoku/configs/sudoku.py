@@ -71,32 +71,20 @@ def get_config():
       # time unrolled, bench/train_ab.py in docs/benchmarks.md).
       scan_layers=False,
   ))
-  config.data.source = "sudoku"
+  config.data.update(dict(source="sudoku", seq_len=163, batch_size=32))
   config.data.tokenizer.kind = "byte"
-  config.data.seq_len = 163
-  config.data.batch_size = 32
   # Generated on first use (seed streams (seed, 0) / (seed, 1)) and cached in data_cache/sudoku/; the
-  # generator CLI above writes the same train puzzles for seed 0 and a disjoint test.csv (stream 2).
-  config.data.sudoku.train_csv = ""
-  config.data.sudoku.num_train = 20000   # = the generator command above (~4 min to generate on first use)
-  config.data.sudoku.validation_csv = ""
-  config.data.sudoku.num_validation = 200
-  config.data.sudoku.min_blanks = 30
-  config.data.sudoku.max_blanks = 45
-  config.diffusion.canvas_len = 81
-  config.diffusion.encoder_loss_weight = 0.0
-  config.opt.lr = 2e-3
-  config.opt.warmup_steps = 100
-  config.opt.weight_decay = 0.01
+  # generator CLI above writes the same train puzzles for seed 0 (num_train: ~4 min to generate on first use) and a
+  # disjoint test.csv (stream 2).
+  config.data.sudoku.update(dict(train_csv="", num_train=20000, validation_csv="", num_validation=200,
+                                 min_blanks=30, max_blanks=45))
+  config.diffusion.update(dict(canvas_len=81, encoder_loss_weight=0.0))
+  config.opt.update(dict(lr=2e-3, warmup_steps=100, weight_decay=0.01))
   # The hour recipe behind the CPU figures (docs/experiments/sudoku.md: 77.8% / 78.2% solved in one
-  # sample at the end, 81% at step 4,000 of seed 0): about 0.66 s a step on both cores of a 2-core host.
-  config.train.num_steps = 4800
-  config.train.log_every = 50
-  config.train.eval_every = 500
-  config.train.eval_batches = 2
-  config.train.ckpt_every = 500
-  config.train.keep_checkpoints = 20      # every 500th step stays for the evaluation by step
-  config.train.progress_bar = False
+  # sample at the end, 81% at step 4,000 of seed 0): about 0.66 s a step on both cores of a 2-core host;
+  # every 500th step stays for the evaluation by step.
+  config.train.update(dict(num_steps=4800, log_every=50, eval_every=500, eval_batches=2, ckpt_every=500,
+                           keep_checkpoints=20, progress_bar=False))
   config.sample.max_new_tokens = 81
   config.sample.max_denoising_steps = 16   # 81 cells; the entropy bound accepts several per step
   return config

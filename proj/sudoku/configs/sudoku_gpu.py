@@ -33,12 +33,8 @@ def get_config():
       mlp_hidden=1024,
   ))
   config.data.batch_size = 256
-  config.opt.lr = 1e-3
-  config.opt.warmup_steps = 200
-  config.train.num_steps = 4000            # the H200 run: 16.9 steps/s, 356 s with compilation
-  config.train.log_every = 100
-  config.train.eval_every = 1000
-  config.train.ckpt_every = 1000
-  config.train.keep_checkpoints = 2
+  config.opt.update(dict(lr=1e-3, warmup_steps=200))
+  # the H200 run: 16.9 steps/s, 356 s with compilation
+  config.train.update(dict(num_steps=4000, log_every=100, eval_every=1000, ckpt_every=1000, keep_checkpoints=2))
   config.sample.max_denoising_steps = 16
   return config
