@@ -30,7 +30,7 @@ from dgemma import quant
 from dgemma.model import ModelConfig
 from dgemma.tools import memory, model_size
 
-from bench.model_flags import CANVAS as _CANVAS, CONFIG as _CONFIG, CONTEXT as _CONTEXT  # pylint: disable=g-bad-import-order
+from bench.model_flags import CANVAS as _CANVAS, CONFIG as _CONFIG, CONTEXT as _CONTEXT
 _BATCH = flags.DEFINE_integer("batch", 2, "Training rows.")
 _SEQ = flags.DEFINE_integer("seq_len", 128, "Training row length.")
 _TRAIN_CANVAS = flags.DEFINE_integer("train_canvas", 32, "Training canvas length.")

@@ -26,7 +26,7 @@ from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.tools import model_size
 from bench.timing import matmul_gflops, median_seconds
 
-from bench.model_flags import CANVAS as _CANVAS, CONFIG as _CONFIG, CONTEXT as _CONTEXT  # pylint: disable=g-bad-import-order
+from bench.model_flags import CANVAS as _CANVAS, CONFIG as _CONFIG, CONTEXT as _CONTEXT
 _REPS = flags.DEFINE_integer("reps", 20, "Timed calls per measurement.")
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "Size of the f32 matmul the rates are put against.")
 

@@ -204,7 +204,8 @@ def load_with(header: checkpoints.Checkpoint, settings: settings_lib.Settings, *
   # laid out as the settings' model (its dtypes and compute choices: a run's, also for the weights of a run kept
   # elsewhere, its adapter, conversion or export), so they generate as the run does; a QLoRA run (and its adapter)
   # on the quantized base it trained against (finetune.base_quant)
-  ckpt = checkpoints.load_as(source, settings.model, placement=checkpoints.Placement(jax_mesh, settings.mesh.axis_rules),
+  placement = checkpoints.Placement(jax_mesh, settings.mesh.axis_rules)
+  ckpt = checkpoints.load_as(source, settings.model, placement=placement,
                              quantizer=finetune_lib.base_quantizer(settings.finetune))
   return Model(ckpt, settings, jax_mesh, tokenizer=tokenizer)
 

@@ -19,9 +19,9 @@ and the sampler's, `SamplerSettings`). Fields declared with neither are not conf
 from the finetune group).
 
 A study adds a group of its own to a group that derives from `Extensible` (`data`): `register_group(DataSettings,
-'puzzles', PuzzleSettings, module=__name__)` in the study's module makes the keys `data.puzzles.*`. The group exists in a config whose `imports` key
-names that module (`dgemma.settings` imports them before it reads the rest), so which keys a config has never
-depends on what else the process imported.
+'puzzles', PuzzleSettings, module=__name__)` in the study's module makes the keys `data.puzzles.*`. The group exists
+in a config whose `imports` key names that module (`dgemma.settings` imports them before it reads the rest), so
+which keys a config has never depends on what else the process imported.
 
 The raw config (an ml_collections.ConfigDict of configs/*.py) meets these declarations only in dgemma.settings:
 `from_raw` builds a group from it (unknown keys are an error naming them), `defaults` makes the raw config of

@@ -1,5 +1,5 @@
-"""`config.rl` as typed settings, each key declared once (dgemma/settings_fields.py): reinforcement learning of the diffusion
-model on its own samples (dgemma/rl/__init__.py). dgemma.settings builds it from an experiment config.
+"""`config.rl` as typed settings, each key declared once (dgemma/settings_fields.py): reinforcement learning of the
+diffusion model on its own samples (dgemma/rl/__init__.py). dgemma.settings builds it from an experiment config.
 
   RLSettings(algorithm="grpo", reward="exact_match", group_size=8)
 """

@@ -11,7 +11,8 @@ ancestral, predictor-corrector and MDLM masked sampling) and block-autoregressiv
   cfg = SamplerConfig(sampler="masked", mask_id=4)                        # MDLM baseline models
   cfg = SamplerConfig(show="live"); generate(..., step_callback=LivePrinter(tokenizer.decode))
 
-Layout: `config` (the `sample` group, SampleSettings; SamplerConfig, what a compiled sampler takes), `rules` (step pieces and the acceptance / re-noise / sampler tables),
+Layout: `config` (the `sample` group, SampleSettings; SamplerConfig, what a compiled sampler takes), `rules` (step
+pieces and the acceptance / re-noise / sampler tables),
 `posteriors` (the ancestral samplers' q(z_s | z_t, x)), `sampler` (the per-canvas loop), `generation`
 (canvas after canvas), `autoregressive` (the AR baseline's decoding), `noise`, `live`.
 """

@@ -265,7 +265,8 @@ def _pc_update(state, cfg, noise: Any, canvas_idx, s, logp_BCV, argmax_BC, fixed
   for uniform-state diffusion: the Duo follow-up, arXiv 2602.21185). It leaves q(z_t) invariant when x0 is
   drawn from the joint posterior, or one position at a time; here every position draws x0 from its own
   marginal at once (all a factorized denoiser gives), which is biased however many passes are taken: fed a
-  Markov source's exact marginals it samples below the source's entropy (docs/experiments/markov_oracle.md). With cfg.pc_corrector_fraction < 1 a corrector re-draws only
+  Markov source's exact marginals it samples below the source's entropy (docs/experiments/markov_oracle.md).
+  With cfg.pc_corrector_fraction < 1 a corrector re-draws only
   that share of the positions (chosen per position from the pass's re-noise draw, which pc has no other use
   for: id < round(fraction * N)) and the rest keep their token, which shrinks the bias towards the exact
   one-position move at the price of slower mixing. logp_BCV is the leave-one-out prior (`_loo_prior_logits`), so the

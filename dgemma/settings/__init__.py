@@ -363,5 +363,6 @@ def _merge(config: ml_collections.ConfigDict, values: dict) -> None:
 __all__ = ["Settings", "from_config", "default_config", "to_json", "from_json", "load_json", "set_key",
            "with_overrides", "tokenizer_end_ids", "run_model", "model_differences", "architecture_differences",
            "training_differences", "RUNTIME_MODEL_FIELDS", "DataSettings", "TokenizerSettings",
-           "OptimizerSettings", "TrainSettings", "DistillSettings", "FinetuneSettings", "SampleSettings", "SamplerSettings",
-           "EvalSettings", "MeshSettings", "MeshShape", "RLSettings", "DiffusionSettings", "ModelConfig", "SamplerConfig"]
+           "OptimizerSettings", "TrainSettings", "DistillSettings", "FinetuneSettings", "SampleSettings",
+           "SamplerSettings", "EvalSettings", "MeshSettings", "MeshShape", "RLSettings", "DiffusionSettings",
+           "ModelConfig", "SamplerConfig"]

@@ -214,7 +214,8 @@ class MeshShape:
   def __post_init__(self):
     settings_fields.check(self)
     for axis in MESH_AXES:
-      settings_fields.need(getattr(self, axis) != 0, f"mesh.shape.{axis}", "must be positive or -1 (= the remaining devices)")
+      settings_fields.need(getattr(self, axis) != 0, f"mesh.shape.{axis}",
+                           "must be positive or -1 (= the remaining devices)")
     settings_fields.need(sum(1 for axis in MESH_AXES if getattr(self, axis) == -1) <= 1, "mesh.shape",
                 "at most one axis may be -1")
 

@@ -48,7 +48,8 @@ def architecture_differences(saved, new) -> list[str]:
   """The keys whose change makes Settings `new` unable to resume a run saved with `saved`: the model architecture
   (not its compute choices), the fine-tuning layout (which parameters and optimizer states exist), the optimizer
   (its state's layout) and its state dtype, and the tokenizer."""
-  return model_differences(saved.model, new.model) + _diff(settings_fields.flat(saved), settings_fields.flat(new), STRUCTURAL_KEYS)
+  return model_differences(saved.model, new.model) + _diff(settings_fields.flat(saved), settings_fields.flat(new),
+                                                           STRUCTURAL_KEYS)
 
 
 def training_differences(saved, new) -> list[str]:

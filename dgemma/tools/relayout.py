@@ -1,7 +1,8 @@
 """Copy a training workdir into the other layer layout (model.scan_layers), so that it resumes there exactly.
 
   python -m dgemma.tools.relayout --workdir=workdirs/run --out=workdirs/run_unrolled --noscan_layers
-  python train.py --config=CONFIG --workdir=workdirs/run_unrolled --config.model.scan_layers=False --config.train.num_steps=8000
+  python train.py --config=CONFIG --workdir=workdirs/run_unrolled --config.model.scan_layers=False \
+      --config.train.num_steps=8000
 
 A run's checkpoints keep the layout it was trained with (`nn.scan` over stacked blocks, or one unrolled
 block: dgemma/checkpoints/layout.py), and resuming a workdir with the other one is refused, since one

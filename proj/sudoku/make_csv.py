@@ -23,7 +23,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed.")
 _GENERATE = cli.define_setting_flags(sudoku.SudokuSettings, "num_train", "min_blanks", "max_blanks")
 
 
-def write_splits(out_dir: str, num_train: int, num_test: int, min_blanks: int, max_blanks: int, seed: int) -> tuple[int, int]:
+def write_splits(out_dir: str, num_train: int, num_test: int, min_blanks: int, max_blanks: int,
+                 seed: int) -> tuple[int, int]:
   """Writes out_dir/train.csv (when num_train > 0) and out_dir/test.csv; returns their sizes."""
   state = lambda stream: int(np.random.SeedSequence((seed, stream)).generate_state(1)[0])
   train = sudoku.generate(num_train, min_blanks, max_blanks, state(0)) if num_train else []
