@@ -43,7 +43,7 @@ from dgemma import settings as settings_lib
 from dgemma.checkpoints import convert as convert_lib
 from dgemma.data import sft
 from dgemma.diffusion import likelihood, objectives
-from dgemma.errors import CheckpointError, ConfigError
+from dgemma.errors import ConfigError
 from dgemma.model import Transformer
 from dgemma.sampling import LivePrinter, StepView, ar_generate, check_request, generate, trajectory_steps
 from dgemma.sampling.generation import bucketed_shape

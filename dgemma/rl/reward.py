@@ -23,7 +23,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dgemma import registry
-from dgemma.errors import ConfigError
 
 ScoreFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], np.ndarray]
 

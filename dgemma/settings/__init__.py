@@ -120,7 +120,7 @@ class Settings:
     raw = settings_fields.to_raw(self)
     for key, value in dotted.items():
       _set_raw(raw, key, value)
-    return _build(raw, self.imports)
+    return _build(raw, _imports(raw))
 
 
 def _set_raw(raw: dict, dotted: str, value) -> None:

@@ -1,7 +1,6 @@
 """dgemma.checkpoints.convert / python -m dgemma.tools.convert: any checkpoint kind to a params checkpoint or an
 HF directory that keeps the tokenizer and the run's settings, so the result loads and samples as the run does."""
 
-import dataclasses
 import json
 import os
 import stat
