@@ -34,7 +34,7 @@ import numpy as np
 import optax
 
 from bench.gpu_full_model import random_params_on_device
-from bench.gpu_train_step import model_config, random_rows
+from bench.gpu_train_step import TINY_PRESETS, model_config, random_rows
 from dgemma import finetune, quant
 from dgemma.diffusion.config import DiffusionSettings
 from dgemma.files import write_json_atomic
@@ -49,8 +49,9 @@ RECIPE = dict(mode="head_only", freeze_router=True, base_quant="int4_experts", g
 
 
 def qlora_model(preset: str) -> ModelConfig:
-  """The released 26B-A4B ('full', ModelConfig's defaults) or the tiny test preset, as the recipe computes it."""
-  cfg = ModelConfig() if preset == "full" else model_config("tiny", RECIPE["moe_impl"])
+  """The released 26B-A4B ('full', ModelConfig's defaults) or a tiny test preset (bench/gpu_train_step.py's 'tiny',
+  'tiny1'), as the recipe computes it."""
+  cfg = ModelConfig() if preset == "full" else model_config(preset, RECIPE["moe_impl"])
   lora = LoraConfig(rank=RECIPE["lora_rank"], alpha=RECIPE["lora_alpha"], targets=RECIPE["lora_targets"],
                     decoder_only=True)
   return dataclasses.replace(cfg, dtype="bfloat16", param_dtype="float32", remat=RECIPE["remat"],
@@ -117,13 +118,13 @@ def run(preset: str = "full", seq_len: int = 512, canvas: int = 256, steps: int 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--preset", default="full", choices=("full", "tiny"))
+  ap.add_argument("--preset", default="full", choices=("full",) + TINY_PRESETS)
   ap.add_argument("--seq_len", type=int, default=0, help="tokens of the one row (0: 512, tiny: 32)")
   ap.add_argument("--canvas", type=int, default=0, help="canvas tokens, the row's last (0: 256, tiny: 8)")
   ap.add_argument("--steps", type=int, default=20)
   ap.add_argument("--out", default="", help="write the figures as JSON here (rewritten as they are measured)")
   a = ap.parse_args(argv)
-  tiny = a.preset == "tiny"
+  tiny = a.preset in TINY_PRESETS
   r = run(a.preset, a.seq_len or (32 if tiny else 512), a.canvas or (8 if tiny else 256), a.steps, out=a.out or None)
   print(f"command: {' '.join(sys.argv)}")
   return r

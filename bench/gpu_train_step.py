@@ -48,15 +48,21 @@ MEDIUM = dict(d_model=1536, num_layers=12, layer_types=(("sliding",) * 5 + ("glo
               dtype="bfloat16", param_dtype="float32")
 
 
+TINY_PRESETS = ("tiny", "tiny1")  # CPU smoke runs
+
+
 def model_config(preset: str, moe_impl: str) -> ModelConfig:
-  """'medium': configs/models/medium.py; 'tiny': the test preset with bf16 compute (CPU smoke run)."""
+  """'medium': configs/models/medium.py; 'tiny': the test preset with bf16 compute (CPU smoke run); 'tiny1': the
+  same with one (global) layer, the same code path at about half the compile time (the tests' CPU rehearsal)."""
   if preset == "medium":
     cfg = ModelConfig(**MEDIUM)
-  elif preset == "tiny":
+  elif preset in TINY_PRESETS:
     from configs.models import tiny  # ml_collections: only for the CPU smoke run
     cfg = dataclasses.replace(ModelConfig.from_config_dict(tiny.get_config()), dtype="bfloat16")
+    if preset == "tiny1":
+      cfg = dataclasses.replace(cfg, num_layers=1, layer_types=("global",))
   else:
-    raise ValueError(f"--preset: {preset!r} not in ('medium', 'tiny')")
+    raise ValueError(f"--preset: {preset!r} not in {('medium',) + TINY_PRESETS}")
   return dataclasses.replace(cfg, moe_impl=moe_impl)
 
 
@@ -140,7 +146,7 @@ def run(moe_impls: tuple[str, ...] = ("tokamax", "dense"), preset: str = "medium
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--moe_impls", default="tokamax,dense", help="comma-separated model.moe_impl values")
-  ap.add_argument("--preset", default="medium", choices=("medium", "tiny"))
+  ap.add_argument("--preset", default="medium", choices=("medium",) + TINY_PRESETS)
   ap.add_argument("--rows", type=int, default=0, help="rows per step (0: 8, tiny: 2)")
   ap.add_argument("--seq_len", type=int, default=0, help="tokens per row (0: 1024, tiny: 32)")
   ap.add_argument("--canvas", type=int, default=0, help="canvas tokens, the row's last (0: 256, tiny: 8)")
@@ -148,7 +154,7 @@ def main(argv=None):
   ap.add_argument("--matmul_n", type=int, default=0, help="matmul size for the peak rate (0: 8192, tiny: 256)")
   ap.add_argument("--out", default="", help="write the figures as JSON here (rewritten after each path)")
   a = ap.parse_args(argv)
-  tiny = a.preset == "tiny"
+  tiny = a.preset in TINY_PRESETS
   r = run(tuple(i for i in a.moe_impls.split(",") if i), a.preset, a.rows or (2 if tiny else 8),
           a.seq_len or (32 if tiny else 1024), a.canvas or (8 if tiny else 256), a.reps,
           matmul_n=a.matmul_n or (256 if tiny else 8192), out=a.out or None)

@@ -26,7 +26,7 @@ from dgemma.sampling.generation import bucketed_shape
 from eval import likelihood as eval_likelihood
 from configs.models import tiny
 from dgemma.model import ModelConfig
-from tests.model_utils import save_random_hf
+from tests.model_utils import save_random_hf, save_random_run
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 320  # the tiny HF model's vocabulary = the test tokenizers' size
@@ -110,7 +110,8 @@ def test_loads_an_hf_directory_directly_and_converted_with_its_tokenizer(loaded)
 @pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
 def test_generate_a_batch_of_prompts_equals_the_low_level_generate(loaded):
   model = loaded[0]
-  prompts = ["the king speaks of love and death", "hence"]
+  # a first prompt of 36 tokens: the batch pads to the chat test's shapes (prompts of 64), whose programs it shares
+  prompts = ["the king speaks of love and death, and the queen of night and day: hence, thou foul lord", "hence"]
   outs = model.generate(prompts, max_new_tokens=16, steps=3, seed=7)
   ids = [model.prompt_ids(p) for p in prompts]
   prompts_BP, lengths_B, active_B = _bucketed(model, ids, 16)
@@ -122,7 +123,7 @@ def test_generate_a_batch_of_prompts_equals_the_low_level_generate(loaded):
     assert out.token_ids == ref.tokens_BN[b, :ref.lengths_B[b]].tolist()
     assert out.num_forwards == int(ref.num_forwards_B[b])
     assert out.text == model.tokenizer.decode(out.token_ids[:-1] if out.ended else out.token_ids)
-  assert isinstance(model.generate(prompts[1], max_new_tokens=16, steps=3, seed=7), api.Generation)
+  assert isinstance(model.generate(prompts[0], max_new_tokens=16, steps=3, seed=7), api.Generation)
 
 
 @pytest.mark.slow  # 8 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
@@ -143,13 +144,23 @@ def test_chat_renders_turns_and_equals_the_low_level_generate(loaded):
   assert len(both) == 2 and all(x.num_forwards > 0 for x in both)
 
 
+# The two streaming tests make one request (the same compiled program): three prompts, padded to a batch of 4.
+STREAMED = dict(prompts=["the king", "hence", "love"], max_new_tokens=16, steps=3, seed=2)
+
+
+def _streamed(model, **callbacks):
+  request = dict(STREAMED)
+  return model.generate(request.pop("prompts"), **request, **callbacks)
+
+
 def test_streaming_calls_back_per_step_and_per_canvas(loaded):
   model = loaded[0]
   steps, canvases = [], []
-  out = model.generate("the king", max_new_tokens=16, steps=3, seed=2, on_step=steps.append, on_canvas=canvases.append)
-  assert len(steps) == out.num_forwards  # one view per executed denoising step of the row
+  outs = _streamed(model, on_step=steps.append, on_canvas=canvases.append)
   assert [c.canvas_idx for c in canvases] == list(range(len(canvases))) and 1 <= len(canvases) <= 2
-  assert sum((c.token_ids[0] for c in canvases), [])[:len(out.token_ids)] == out.token_ids
+  for b, out in enumerate(outs):
+    assert sum(v.active_B[b] for v in steps) == out.num_forwards  # a view per executed denoising step of the row
+    assert sum((c.token_ids[b] for c in canvases), [])[:len(out.token_ids)] == out.token_ids
 
 
 def _likelihood_texts_and_config(model, tmp_path):
@@ -237,6 +248,7 @@ def test_a_run_is_loaded_with_its_own_tokenizer_without_building_data(tmp_path, 
   config.data.tokenizer.kind, config.data.tokenizer.vocab_size = "sentencepiece", VOCAB
   config.model.vocab_size = VOCAB
   config.model.num_experts, config.diffusion.self_cond_prob = 0, 0.0  # any model will do: a quicker compile
+  config.model.num_layers, config.model.layer_types = 2, ("global", "global")  # (one scanned layer)
   config.train.num_steps, config.opt.warmup_steps, config.train.async_checkpointing = 1, 0, False
   loop.train_and_evaluate(config, str(tmp_path / "wd"))
   assert (tmp_path / "wd" / "tokenizer.model").is_file()
@@ -340,7 +352,7 @@ def test_score_refuses_an_empty_document_before_scoring(loaded, monkeypatch):
 def test_on_step_views_carry_texts_and_only_the_requests_rows(loaded):
   model = loaded[0]
   steps = []
-  outs = model.generate(["the king", "hence", "love"], max_new_tokens=8, steps=2, seed=2, on_step=steps.append)
+  outs = _streamed(model, on_step=steps.append)
   assert steps and all(len(v.texts) == 3 and v.result_BC.shape[0] == 3 for v in steps)  # not the padded 4
   last = steps[-1]
   assert last.texts == tuple(model.tokenizer.decode([int(t) for t in row]) for row in last.result_BC)
@@ -348,8 +360,9 @@ def test_on_step_views_carry_texts_and_only_the_requests_rows(loaded):
 
 
 @pytest.mark.slow  # a generate compile on another model: over the fast tier's budget
-def test_chat_on_a_tokenizer_without_turn_markers_warns_once(tiny_run, caplog):
-  model = dgemma.load(str(tiny_run[0]))  # the byte tokenizer: no <|turn> / <turn|>
+def test_chat_on_a_tokenizer_without_turn_markers_warns_once(tiny_config, tmp_path, caplog):
+  save_random_run(tiny_config, tmp_path / "run")  # any run of the byte tokenizer: no <|turn> / <turn|>
+  model = dgemma.load(str(tmp_path / "run"))
   conversation = [{"role": "user", "content": "hi"}]
   for _ in range(2):
     model.chat(conversation, max_new_tokens=8, steps=2)
@@ -381,8 +394,9 @@ def test_sample_command_prints_a_chat_reply_on_its_own_line_and_writes_what_is_a
   prompts = tmp_path / "p.jsonl"
   prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Speak, ghost."}]}) + "\n")
   printed = []
-  results = api.sample_command(str(path), prompts_file=str(prompts), steps=2, text_out=str(tmp_path / "s.txt"),
-                               out=str(tmp_path / "o.jsonl"), print_fn=printed.append)
+  results = api.sample_command(str(path), prompts_file=str(prompts), steps=2, temperature=0.7,  # the next test's
+                               text_out=str(tmp_path / "s.txt"), out=str(tmp_path / "o.jsonl"),  # request
+                               print_fn=printed.append)
   header, prompt, reply = printed[0].split("\n", 2)
   assert header.startswith("--- sample 0 (") and prompt == "Speak, ghost." and reply == results[0].text  # not glued
   assert (tmp_path / "s.txt").read_text() == printed[0] + "\n"

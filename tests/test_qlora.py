@@ -8,6 +8,7 @@ float64 references), while the gradients of the original float weights differ at
 (int4 in groups of 16: about 1e-2 relative), which the same comparison must see."""
 
 import copy
+import functools
 import json
 
 import flax
@@ -44,18 +45,20 @@ def _config(mode="lora", base_quant="int4_experts", moe_impl="ragged", config=No
   return config
 
 
-def _trained_grads(settings, params, batch):
-  """The gradient of the diffusion loss w.r.t. the trainable leaves, as {key path: array} (float64 inside)."""
+def _trained_grads_fn(settings):
+  """params -> the gradient of the diffusion loss w.r.t. the trainable leaves, as {key path: array} (float64 inside).
+  One jitted function: params of the same tree (the dequantized and the float model's) share its compiled program."""
   cfg = f64_config(settings.model)
 
   @jax.jit
-  def grads(p):
+  def grads(p, batch):
     trainable, frozen = finetune.split(p, finetune.trainable_mask(p, settings.finetune))
     loss = lambda t: diffusion_loss(finetune.join(t, frozen), batch, jax.random.key(3), model_cfg=cfg,
                                     loss_cfg=settings.diffusion, step=jnp.zeros((), jnp.int32))[0]
     return jax.grad(loss)(trainable)
 
-  return flax.traverse_util.flatten_dict(finetune.trained_leaves(jax.device_get(grads(params)), settings.finetune))
+  return lambda params, batch: flax.traverse_util.flatten_dict(
+      finetune.trained_leaves(jax.device_get(grads(params, batch)), settings.finetune))
 
 
 # The MoE implementations read a quantized expert weight in one of two ways: 'ragged', 'dense', 'capacity' and
@@ -75,9 +78,10 @@ def test_adapter_gradients_equal_those_of_the_dequantized_float_model(scheme, mo
     qparams = finetune.base_quantizer(settings.finetune).params(params)
     quantized = [k for k, v in flax.traverse_util.flatten_dict(qparams).items() if quant.is_quantized(v)]
     dequantized = jax.tree.map(quant.dequantize, qparams, is_leaf=quant.is_quantized)
-    g_quant = _trained_grads(settings, qparams, batch)
-    g_deq = _trained_grads(settings, dequantized, batch)
-    g_float = _trained_grads(settings, params, batch)
+    trained_grads = _trained_grads_fn(settings)
+    g_quant = trained_grads(qparams, batch)
+    g_deq = trained_grads(dequantized, batch)
+    g_float = trained_grads(params, batch)
   assert quantized and not any(lora_name in k[-1] for k in quantized for lora_name in ("lora_a", "lora_b"))
   if mode == "head_only":  # the self-conditioning module trains in float32: never quantized
     assert not any(k[0] == "self_conditioning" for k in quantized)
@@ -188,8 +192,9 @@ def test_qlora_run_resumes_exactly_keeps_its_base_and_loads_on_it(tiny_config, t
   tokens = jnp.asarray(random_rows(model_cfg.vocab_size, 1, 12)["tokens"])
   pos = jnp.arange(12)[None]
   ones = jnp.ones_like(tokens)
-  logits = lambda cfg, p: np.asarray(Transformer(cfg).apply(
-      {"params": p}, tokens, pos, ones, init_cache(cfg, 1, 16, jnp.float32), method="encode")[0])
+  encode = functools.cache(lambda cfg: jax.jit(lambda p: Transformer(cfg).apply(
+      {"params": p}, tokens, pos, ones, init_cache(cfg, 1, 16, jnp.float32), method="encode")[0]))
+  logits = lambda cfg, p: np.asarray(encode(cfg)(p))  # one program per architecture (eager: ~2 s a call)
   ref = logits(model_cfg, run.params)
   out = logits(base_cfg, jax.tree.map(jnp.asarray, merged))
   np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))

@@ -1,8 +1,8 @@
 """dgemma/tools/relayout.py: a workdir copied into the other layer layout holds exactly the same state and
 resumes there."""
 
+import inspect
 import json
-import shutil
 import subprocess
 import sys
 
@@ -11,13 +11,13 @@ import jax
 import numpy as np
 import pytest
 
-from configs import tiny_test
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import layout, workdir as workdir_ckpt
 from dgemma.errors import ConfigError
-from dgemma.tools import relayout
+from dgemma.tools import cli, relayout
 from dgemma.train import loop, state as state_lib
+from tests.train.test_loop import _quick
 
 
 def _restore(workdir, step):
@@ -57,32 +57,36 @@ def test_the_copy_holds_the_same_state_relaid_and_the_same_data_position(tiny_ru
   with pytest.raises(ConfigError, match="--scan_layers"):
     relayout.relayout_workdir(str(src), str(tmp_path / "same"), scan_layers=True)
   assert not (tmp_path / "same").exists()
+  # A missing --workdir is a user error: the command (cli.run) prints it as one line `dgemma.tools.relayout: ...`
+  # with exit status 1, no traceback (cli.run's printing: tests/tools/test_cli.py).
+  with pytest.raises(cli.USER_ERRORS, match=r"--workdir: .*none is not a training workdir"):
+    relayout.relayout_workdir(str(tmp_path / "none"), str(tmp_path / "x"), scan_layers=True)
+  assert 'cli.run(main, "dgemma.tools.relayout")' in inspect.getsource(relayout)
 
 
-@pytest.mark.slow  # a subprocess (the command line), then two resumed training runs
-def test_the_command_writes_a_workdir_that_resumes_where_the_original_would(tiny_run, tmp_path):
-  src, config = tiny_run
+@pytest.mark.slow  # a training run, a subprocess (the command line), then two resumed training runs
+def test_the_command_writes_a_workdir_that_resumes_where_the_original_would(tiny_config, tmp_path):
+  # _quick's run (tests/train/test_loop.py: its stacked programs are the loop tests'; the relaid MoE model: the test
+  # above), stopped after 3 of its 8 steps
+  config = _quick(tiny_config)
+  config.train.log_every, config.train.eval_every = 1, 100  # no evaluation before the runs end (stop_after_steps)
+  src = tmp_path / "run"
+  loop.train_and_evaluate(config, str(src), stop_after_steps=3)
   out = tmp_path / "unrolled"
   run = subprocess.run([sys.executable, "-m", "dgemma.tools.relayout", f"--workdir={src}", f"--out={out}",
                         "--noscan_layers"], capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr
   step = workdir_ckpt.steps(out)[-1]
-  bad = subprocess.run([sys.executable, "-m", "dgemma.tools.relayout", f"--workdir={tmp_path / 'none'}",
-                        f"--out={tmp_path / 'x'}", "--scan_layers"], capture_output=True, text=True, timeout=600)
-  assert bad.returncode == 1 and "--workdir" in bad.stderr and "Traceback" not in bad.stderr
+  assert step == 3
 
-  # Resume both for 1 step of tiny_test's 6-step run (stop_after_steps: no final evaluation, whose unrolled
-  # program would be one more compile; the stacked train step is the one other tests of that run compile): the
-  # same batch (data position) from the same state, so the resumed step's loss agrees up to the fp32 round-off
-  # of a scanned against an unrolled program (a few ulps per op over a 4-layer forward: ~1e-6 relative; 1e-4
-  # leaves two orders of margin, a wrong layout moves it by O(1)).
+  # Resume both for 1 step (stop_after_steps: no final evaluation, whose unrolled program would be one more
+  # compile): the same batch (data position) from the same state, so the resumed step's loss agrees up to the fp32
+  # round-off of a scanned against an unrolled program (a few ulps per op over a 4-layer forward: ~1e-6 relative;
+  # 1e-4 leaves two orders of margin, a wrong layout moves it by O(1)).
   losses = {}
-  for name, workdir, scan in (("stacked", tmp_path / "stacked", True), ("unrolled", out, False)):
-    if name == "stacked":  # a copy: the shared tiny run must stay as it is
-      shutil.copytree(src, workdir)
+  for name, workdir, scan in (("stacked", src, True), ("unrolled", out, False)):
     cfg = config.copy_and_resolve_references()
     cfg.model.scan_layers = scan
-    cfg.train.num_steps, cfg.train.log_every = tiny_test.get_config().train.num_steps, 1
     assert cfg.train.num_steps > step + 1
     assert (step + 1) % cfg.train.eval_every != 0  # no evaluation at the resumed step either
     loop.train_and_evaluate(cfg, str(workdir), stop_after_steps=1)

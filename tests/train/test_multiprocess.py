@@ -1,15 +1,16 @@
 """Multi-process training on localhost: 2 CPU processes x 4 virtual devices, gloo collectives.
 
-One test, three phases (process startups and compiles are the cost, so they are shared):
+One test, three phases (process startups and compiles are the cost, so they are shared: one pair of processes runs
+both A and C):
   A. `train.py` in 2 processes (--coordinator_address/--num_processes/--process_id), FSDP over the 8
      devices of both processes, each process reading its own half of the data: 2 steps + a checkpoint.
-  B. This (1-device) process recomputes the same 2 steps on the global batch (process 0's rows, then
+  B. This (1-device) process computes the same 2 steps on the global batch (process 0's rows, then
      process 1's) and gets the loss process 0 logged; the 2-process checkpoint restores here with the
      same parameters and optimizer state (Orbax resharding 8 shards -> 1 device); both processes'
      data-iterator positions are in it.
-  C. A checkpoint written by this 1 process restores in 2 processes onto the FSDP mesh (1 -> 8 shards
-     over 2 processes), every gathered tensor equal; the 2-process checkpoint restored there equals
-     its restore in B bit for bit.
+  C. A checkpoint written by this 1 process (B's state, written before A+C start) restores in the 2 processes onto
+     the FSDP mesh (1 -> 8 shards over 2 processes), every gathered tensor equal; the 2-process checkpoint restored
+     there equals its restore in B bit for bit.
 """
 
 import json
@@ -34,7 +35,7 @@ from tests.conftest import TEST_XLA_FLAGS
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow  # subprocesses: 2 x train.py, 2 restore workers (tests/conftest.py, the fast tier)
+pytestmark = pytest.mark.slow  # subprocesses: 2 x train.py + restores (tests/conftest.py, the fast tier)
 
 def _config(tiny_config):
   """Small and quick to compile: no MoE, one decoder pass, short rows; FSDP over all devices."""
@@ -73,24 +74,33 @@ def _run_two(cmd_for_process, timeout=900) -> list[str]:
   return outs
 
 
-_RESTORE_WORKER = r"""
-import sys
-sys.path.insert(0, sys.argv[1])
+# One process of the pair: A (train.py as `python train.py FLAGS` runs it), then C in the same process.
+_WORKER = r"""
+import runpy, sys
+repo, wd_one, wd_two, flags = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+# ---- A. train.py: its __main__ (cli.run -> absl's app.run, which ends with SystemExit)
+sys.argv = ["train.py", *flags]
+try:
+  runpy.run_path(f"{repo}/train.py", run_name="__main__")
+except SystemExit as e:
+  assert e.code in (None, 0), e.code
+print("trained")
+# ---- C. restores, on the 8 devices of both processes (jax.distributed initialised by train.py's --flags)
+sys.path.insert(0, repo)
 import jax, numpy as np
 from jax.experimental import multihost_utils
-from dgemma import distributed, mesh as mesh_lib, settings as settings_lib
+from dgemma import mesh as mesh_lib, settings as settings_lib
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.train import optimizer as optimizer_lib, state as state_lib
-workdir, port, pid = sys.argv[2], sys.argv[3], int(sys.argv[4])
-assert distributed.init_distributed(f"localhost:{port}", 2, pid)
 assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
-settings = settings_lib.from_config(settings_lib.from_json(open(f"{workdir}/config.json").read()))
+pid = jax.process_index()
+settings = settings_lib.from_config(settings_lib.from_json(open(f"{wd_one}/config.json").read()))
 mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
 _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules,
                                                 optimizer_lib.make_optimizer(settings.opt, 2))
-manager = workdir_ckpt.make_manager(workdir, read_only=True, async_save=False)
+manager = workdir_ckpt.make_manager(wd_one, read_only=True, async_save=False)
 state, _ = workdir_ckpt.restore(manager, 2, abstract, with_data=False)
-ref = np.load(f"{workdir}/reference.npz")
+ref = np.load(f"{wd_one}/reference.npz")
 leaves = jax.tree_util.tree_leaves_with_path(state.params)
 sharded = 0
 for path, leaf in leaves:
@@ -99,42 +109,26 @@ for path, leaf in leaves:
 assert sharded > 0  # FSDP: tensors split over the devices of both processes
 print("restored", len(leaves), "tensors,", sharded, "sharded")
 # The 2-process checkpoint, restored here too: gathered tensors for the test to compare with its own restore.
-two_dir = sys.argv[5]
-state, _ = workdir_ckpt.restore(workdir_ckpt.make_manager(two_dir, read_only=True, async_save=False), 2, abstract,
+state, _ = workdir_ckpt.restore(workdir_ckpt.make_manager(wd_two, read_only=True, async_save=False), 2, abstract,
                                 with_data=False)
 gathered = {jax.tree_util.keystr(p): multihost_utils.process_allgather(v, tiled=True)
             for p, v in jax.tree_util.tree_leaves_with_path(state.params)}
 if pid == 0:
-  np.savez(f"{two_dir}/restored_by_two.npz", **gathered)
+  np.savez(f"{wd_two}/restored_by_two.npz", **gathered)
 """
 
 
 def test_two_processes_match_one_and_checkpoints_reshard(tiny_config, tmp_path):
   config = _config(tiny_config)
-  # ---- A. train.py in 2 processes
-  wd_two = tmp_path / "two"
-  port = _free_port()
-  flags = ["--config=configs/tiny_test.py", f"--workdir={wd_two}", f"--coordinator_address=localhost:{port}",
-           "--num_processes=2", "--config.data.source=files", f"--config.data.files=('{config.data.files[0]}',)",
-           f"--config.data.cache_dir={config.data.cache_dir}", f"--config.data.seq_len={config.data.seq_len}",
-           f"--config.diffusion.canvas_len={config.diffusion.canvas_len}", "--config.data.batch_size=8",
-           "--config.train.num_steps=2", "--config.train.log_every=2", "--config.train.ckpt_every=2",
-           "--config.model.num_experts=0", "--config.diffusion.self_cond_prob=0.0",
-           "--config.train.async_checkpointing=False", "--config.mesh.shape.data=1", "--config.mesh.shape.fsdp=-1"]
   settings = settings_lib.from_config(config)
-  data_lib.prepare(settings)  # build the dataset once, before both processes look for it
-  _run_two(lambda i: [sys.executable, "train.py", *flags, f"--process_id={i}"])
-  logged = [json.loads(l) for l in (wd_two / "metrics.jsonl").read_text().splitlines()]
-  loss_two = [r["loss"] for r in logged if r["split"] == "train" and r["step"] == 2]
-  assert len(loss_two) == 1  # only process 0 writes metrics
+  prepared = data_lib.prepare(settings)  # build the dataset once, before both processes look for it
 
-  # ---- B. the same 2 steps in this process on the global batch; restore the 2-process checkpoint
+  # ---- B (first half). The 2 steps in this process on the global batch; its state saved for C
   model_cfg, axis_rules = settings.model, settings.mesh.axis_rules
   mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes, devices=jax.devices()[:1])
   optimizer = optimizer_lib.make_optimizer(settings.opt, 2)
   loss_cfg = settings.diffusion
   step = jax.jit(step_lib.make_train_step(model_cfg, loss_cfg, optimizer, optimizer_lib.make_schedule(settings.opt, 2)))
-  prepared = data_lib.prepare(settings)
   shards = [data_lib.make_iterator(settings, prepared, "train", shard_index=i, shard_count=2) for i in range(2)]
   state, _ = state_lib.create_train_state(model_cfg, mesh, axis_rules, optimizer, jax.random.PRNGKey(config.seed))
   base_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
@@ -144,9 +138,34 @@ def test_two_processes_match_one_and_checkpoints_reshard(tiny_config, tmp_path):
     batch = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
     state, metrics = step(state, batch, base_rng)
     losses.append(float(metrics["loss"]))
+  wd_one = tmp_path / "one"
+  manager = workdir_ckpt.make_manager(wd_one, async_save=False)
+  workdir_ckpt.save(manager, 2, state, None)
+  manager.wait_until_finished()
+  write_text_atomic(wd_one / "config.json", settings_lib.to_json(config))
+  np.savez(wd_one / "reference.npz", **{jax.tree_util.keystr(p): np.asarray(v)
+                                        for p, v in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))})
+
+  # ---- A + C. 2 processes: train.py, then the restores
+  wd_two = tmp_path / "two"
+  port = _free_port()
+  flags = ["--config=configs/tiny_test.py", f"--workdir={wd_two}", f"--coordinator_address=localhost:{port}",
+           "--num_processes=2", "--config.data.source=files", f"--config.data.files=('{config.data.files[0]}',)",
+           f"--config.data.cache_dir={config.data.cache_dir}", f"--config.data.seq_len={config.data.seq_len}",
+           f"--config.diffusion.canvas_len={config.diffusion.canvas_len}", "--config.data.batch_size=8",
+           "--config.train.num_steps=2", "--config.train.log_every=2", "--config.train.ckpt_every=2",
+           "--config.model.num_experts=0", "--config.diffusion.self_cond_prob=0.0",
+           "--config.train.async_checkpointing=False", "--config.mesh.shape.data=1", "--config.mesh.shape.fsdp=-1"]
+  outs = _run_two(lambda i: [sys.executable, "-c", _WORKER, str(REPO), str(wd_one), str(wd_two), *flags,
+                             f"--process_id={i}"])
+  assert all("trained" in o and "restored" in o for o in outs), outs
+  logged = [json.loads(l) for l in (wd_two / "metrics.jsonl").read_text().splitlines()]
+  loss_two = [r["loss"] for r in logged if r["split"] == "train" and r["step"] == 2]
+  assert len(loss_two) == 1  # only process 0 writes metrics
   # another reduction order (2 processes, FSDP): the 8-device meshes of tests/train/test_loop.py measure <= 2% of this
   np.testing.assert_allclose(loss_two[0], np.mean(losses), rtol=1e-5)
 
+  # ---- B (second half). The 2-process checkpoint restored in this process
   _, abstract, _ = state_lib.abstract_train_state(model_cfg, mesh, axis_rules, optimizer)
   restored, data_state = workdir_ckpt.restore(workdir_ckpt.make_manager(wd_two, read_only=True), 2, abstract)
   assert int(restored.step) == 2
@@ -158,19 +177,6 @@ def test_two_processes_match_one_and_checkpoints_reshard(tiny_config, tmp_path):
   # (cf. test_grad_accumulation); a wrongly combined gradient or update moves weights by ~lr.
   chex.assert_trees_all_close(jax.device_get(restored.params), jax.device_get(state.params),
                               atol=0.2 * config.opt.lr, rtol=0)
-
-  # ---- C. a 1-process checkpoint restores in 2 processes, resharded over FSDP
-  wd_one = tmp_path / "one"
-  manager = workdir_ckpt.make_manager(wd_one, async_save=False)
-  workdir_ckpt.save(manager, 2, state, None)
-  manager.wait_until_finished()
-  write_text_atomic(wd_one / "config.json", settings_lib.to_json(config))
-  np.savez(wd_one / "reference.npz", **{jax.tree_util.keystr(p): np.asarray(v)
-                                        for p, v in jax.tree_util.tree_leaves_with_path(jax.device_get(state.params))})
-  port = _free_port()
-  outs = _run_two(lambda i: [sys.executable, "-c", _RESTORE_WORKER, str(REPO), str(wd_one), str(port), str(i),
-                             str(wd_two)])
-  assert all("restored" in o for o in outs), outs
   # The 2-process checkpoint restored by 2 processes (FSDP) and by this one: bit-identical tensors.
   two = np.load(wd_two / "restored_by_two.npz")
   for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(restored.params)):

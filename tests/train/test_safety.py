@@ -3,6 +3,7 @@ without saving it, a resume with another architecture is refused before anything
 latest checkpoint is named and fallen back from, and metrics.jsonl keeps one train row per step."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -22,17 +23,56 @@ from dgemma import settings as settings_lib
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged
 from dgemma.train import loop, optimizer as optimizer_lib, state as state_lib, step as step_lib
-from tests.train.test_loop import _quick_state, _small
+from tests.train.test_loop import QUICK_FLAGS, _quick, _quick_state, _small
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _quick(config):
-  """tiny_test without MoE and with one decoder pass (self_cond_prob 0): what these tests check is the loop's
-  handling of steps, checkpoints and config.json, the same for any model, and this one compiles in about half
-  the time (and traces faster at each of a test's several runs)."""
-  config.model.num_experts = 0
-  config.diffusion.self_cond_prob = 0.0
+def _tiny_config(corpus_file, tmp_path_factory):
+  """What tests/conftest.py's tiny_config gives (the same data settings, so the same config.json), for this module's
+  fixtures."""
+  from configs import tiny_test
+  config = tiny_test.get_config()
+  config.data.source, config.data.files = "files", (str(corpus_file),)
+  config.data.cache_dir = str(tmp_path_factory.getbasetemp() / "data_cache")
+  config.train.async_checkpointing = False
+  return config
+
+
+class Run:
+  """A finished run: its workdir, the config it ran with and its final state (on the host)."""
+
+  def __init__(self, workdir, config, state):
+    self.workdir, self.config, self.state = workdir, config, state
+
+  def copy(self, to: Path) -> Path:
+    """The workdir copied to `to`: tests change their copy, never the run."""
+    shutil.copytree(self.workdir, to)
+    return to
+
+  def new_config(self):
+    """The run's config, to change."""
+    return self.config.copy_and_resolve_references()
+
+
+@pytest.fixture(scope="module")
+def quick_run(corpus_file, tmp_path_factory):
+  """_quick's run (tests/train/test_loop.py: 8 steps), uninterrupted, with a checkpoint every 2 steps (all kept) and
+  a metrics row per step, trained once for this module. Tests work on copies of its workdir; a run they make with
+  its settings reuses its compiled programs (and its final state is the reference of an exact resume)."""
+  config = _quick(_tiny_config(corpus_file, tmp_path_factory))
+  config.train.ckpt_every, config.train.keep_checkpoints, config.train.log_every = 2, 5, 1
+  workdir = tmp_path_factory.mktemp("quick_run") / "wd"
+  state = jax.device_get(loop.train_and_evaluate(config, str(workdir)))
+  assert workdir_ckpt.steps(workdir) == [2, 4, 6, 8]
+  return Run(workdir, config, state)
+
+
+def _diverging(config):
+  """_quick's model (tests/train/test_loop.py) over 12 steps at lr 1e30 with tiny_test's warmup of 2 steps: the
+  first update is 0 and the second huge but finite (so a finite checkpoint can precede the divergence)."""
+  config = _quick(config)
+  config.opt.lr, config.opt.warmup_steps, config.train.num_steps = 1e30, 2, 12
   return config
 
 
@@ -51,29 +91,49 @@ def _state_is_finite(workdir, step, config) -> bool:
 
 # ---- non-finite steps ------------------------------------------------------------------------------
 
-@pytest.mark.slow  # 12 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
-def test_diverging_run_halts_naming_the_step_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path):
-  config = _quick(tiny_config)
-  config.opt.lr, config.train.num_steps, config.train.ckpt_every = 1e30, 12, 2
-  config.train.keep_checkpoints = 1  # rotation must still keep the last finite step
-  with pytest.raises(TrainingDiverged, match=r"train step \d+: non-finite") as info:
-    loop.train_and_evaluate(config, str(tmp_path / "wd"))
-  message = str(info.value)
-  saved = workdir_ckpt.steps(tmp_path / "wd")
+@pytest.fixture(scope="module")
+def diverged(corpus_file, tmp_path_factory):
+  """A diverging run (_quick's model at lr 1e30, 'halt' mode, a checkpoint every 2 steps, only the latest kept:
+  rotation must still keep the last finite step) made once by train.py, the issue's command: (workdir, its config,
+  the finished process). What the loop keeps and what the command prints are two tests of this one run (a
+  subprocess: its ~5 s of imports and its compiles once)."""
+  config = _diverging(_tiny_config(corpus_file, tmp_path_factory))
+  config.train.ckpt_every, config.train.keep_checkpoints = 2, 1
+  workdir = tmp_path_factory.mktemp("diverged") / "wd"
+  cmd = [sys.executable, "train.py", "--config=configs/tiny_test.py", f"--workdir={workdir}",
+         "--config.data.source=files", f"--config.data.files=('{config.data.files[0]}',)",
+         f"--config.data.cache_dir={config.data.cache_dir}", "--config.train.progress_bar=False",
+         *(f for f in QUICK_FLAGS if not f.startswith(("--config.opt.", "--config.train.num_steps="))),
+         "--config.opt.lr=1e30", "--config.opt.warmup_steps=2", "--config.train.num_steps=12",
+         "--config.train.ckpt_every=2", "--config.train.keep_checkpoints=1"]
+  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert (workdir / "config.json").is_file(), out.stderr[-4000:]
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["opt"]["lr"] == 1e30 and saved["train"]["keep_checkpoints"] == 1, saved  # the flags took
+  return workdir, config, out
+
+
+@pytest.mark.slow  # train.py in a subprocess (the `diverged` run)
+def test_diverging_run_halts_naming_the_step_and_keeps_the_last_good_checkpoint(diverged):
+  workdir, config, out = diverged
+  # train.py prints a TrainingDiverged (a user error, dgemma/tools/cli.py) as one line `train.py: <its message>`
+  message = [line for line in out.stderr.splitlines() if line.startswith("train.py: ")][-1]
+  assert re.search(r"train step \d+: non-finite", message), message
+  saved = workdir_ckpt.steps(workdir)
   assert saved, message
   last = saved[-1]
   assert f"the last checkpoint (step {last}) is kept" in message
   assert int(message.split("train step ")[1].split(":")[0]) > last  # it stopped before saving the bad step
-  assert _state_is_finite(tmp_path / "wd", last, config)
+  assert _state_is_finite(workdir, last, config)
   # The kept checkpoint samples; nothing non-finite was written.
-  model = dgemma.load(str(tmp_path / "wd"))
+  model = dgemma.load(str(workdir))
   assert model.step == last
 
 
 @pytest.mark.slow  # a whole 12-step run with a checkpoint every step
 def test_skip_mode_drops_nonfinite_updates_and_counts_them(tiny_config, tmp_path):
-  config = _quick(tiny_config)
-  config.opt.lr, config.train.num_steps, config.train.ckpt_every, config.train.log_every = 1e30, 12, 1, 1
+  config = _diverging(tiny_config)
+  config.train.ckpt_every, config.train.log_every = 1, 1
   config.train.nonfinite, config.train.max_nonfinite_skips = "skip", 3
   with pytest.raises(TrainingDiverged, match=r"3 non-finite updates in a row were skipped"):
     loop.train_and_evaluate(config, str(tmp_path / "wd"))
@@ -83,7 +143,7 @@ def test_skip_mode_drops_nonfinite_updates_and_counts_them(tiny_config, tmp_path
     assert _state_is_finite(tmp_path / "wd", step, config)
 
 
-@pytest.mark.slow  # 12 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
+@pytest.mark.slow  # a train-step compile: over the fast tier's budget
 def test_skipped_update_keeps_params_and_the_next_one_applies():
   """The step itself, with an update that divides the gradient by its norm: on an all-padding batch (no
   targets: loss 0, gradient 0, gradient norm 0, all finite) the update is 0/0 = NaN, so only the updated
@@ -97,15 +157,12 @@ def test_skipped_update_keeps_params_and_the_next_one_applies():
   optimizer = optax.chain(normalize, optax.scale_by_adam(), optax.scale(-1e-3))
   schedule = lambda count: 1e-3
   state0 = _quick_state(settings.model, optimizer)
-  runs = {}
-  for skip in (True, False):
-    step = jax.jit(step_lib.make_train_step(settings.model, settings.diffusion, optimizer, schedule,
-                                            skip_nonfinite=skip))
-    s1, m1 = step(state0, batch, jax.random.PRNGKey(0))
-    s2, m2 = step(s1, padding, jax.random.PRNGKey(0))
-    s3, m3 = step(s2, batch, jax.random.PRNGKey(0))
-    runs[skip] = jax.device_get((s1, s2, s3, m1, m2, m3))
-  s1, s2, s3, m1, m2, m3 = runs[True]
+  step = jax.jit(step_lib.make_train_step(settings.model, settings.diffusion, optimizer, schedule,
+                                          skip_nonfinite=True))
+  s1, m1 = step(state0, batch, jax.random.PRNGKey(0))
+  s2, m2 = step(s1, padding, jax.random.PRNGKey(0))
+  s3, m3 = step(s2, batch, jax.random.PRNGKey(0))
+  s1, s2, s3, m1, m2, m3 = jax.device_get((s1, s2, s3, m1, m2, m3))
   assert (m1["nonfinite"], m2["nonfinite"], m3["nonfinite"]) == (0.0, 1.0, 0.0)
   assert np.isfinite(m2["loss"]) and m2["grad_norm"] == 0.0  # only the state went non-finite
   assert int(s2.step) == 2
@@ -113,38 +170,31 @@ def test_skipped_update_keeps_params_and_the_next_one_applies():
   chex.assert_trees_all_equal(s2.opt_state, s1.opt_state)
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(s3.params))
   assert any(np.any(a != b) for a, b in zip(jax.tree.leaves(s3.params), jax.tree.leaves(s2.params)))
-  _, s2_applied, _, _, m2_applied, _ = runs[False]
-  assert m2_applied["nonfinite"] == 1.0
-  assert not all(np.isfinite(x).all() for x in jax.tree.leaves(s2_applied.params))  # 'halt' mode: the loop stops
+  # Without skipping ('halt' mode: the loop then stops) the second update is applied. The step's update is
+  # apply_gradients with the skip flag (dgemma/train/step.py), given the loss and the gradient: here, from s1, the
+  # all-padding batch's (loss m2['loss'], gradient 0: m2's norm is 0), so it alone shows that, without a second
+  # train step to compile.
+  zero_grads = jax.tree.map(np.zeros_like, s1.params)
+  applied, m2_applied = jax.device_get(jax.jit(lambda s, g, m: step_lib.apply_gradients(
+      s, g, m, optimizer, schedule, None, skip_nonfinite=False))(s1, zero_grads, {"loss": m2["loss"]}))
+  assert m2_applied["nonfinite"] == 1.0 and int(applied.step) == 2
+  assert not all(np.isfinite(x).all() for x in jax.tree.leaves(applied.params))
 
 
-@pytest.mark.slow  # 7 s on 2 cores with a warm compile cache (tracing a train step or sampler): over the fast tier's budget
-def test_sampling_nonfinite_params_is_an_error(tiny_config, tmp_path):
-  config = tiny_config
-  config.train.num_steps = 2
-  loop.train_and_evaluate(config, str(tmp_path / "wd"), stop_after_steps=0)  # a workdir, no steps yet
-  settings = settings_lib.from_config(config)
-  mesh = mesh_lib.make_mesh(settings.mesh.axis_sizes)
-  optimizer = optimizer_lib.make_optimizer(settings.opt, settings.train.num_steps)
-  state, _ = state_lib.create_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer,
-                                          jax.random.PRNGKey(0))
-  state = state.replace(params=jax.tree.map(lambda x: x * jnp.nan, state.params))  # as an older version saved
-  manager = workdir_ckpt.make_manager(tmp_path / "wd", async_save=False)
-  workdir_ckpt.save(manager, 1, state, None)
-  manager.wait_until_finished()
-  manager.close()
+@pytest.mark.slow  # the module's quick_run (a training run)
+def test_sampling_nonfinite_params_is_an_error(quick_run, tmp_path):
+  wd = tmp_path / "wd"
+  wd.mkdir()
+  shutil.copyfile(quick_run.workdir / "config.json", wd / "config.json")
+  nan = jax.tree.map(lambda x: x * np.nan, quick_run.state.params)
+  workdir_ckpt.save_step(wd, 1, quick_run.state.replace(params=nan))  # as an older version saved
   with pytest.raises(CheckpointError, match=r"step 1: parameters .* are not finite"):
-    dgemma.load(str(tmp_path / "wd"))
+    dgemma.load(str(wd))
 
 
-@pytest.mark.slow  # a subprocess: the issue's command, exit status and message
-def test_train_py_exits_nonzero_on_divergence(tiny_config, tmp_path):
-  cmd = [sys.executable, "train.py", "--config=configs/tiny_test.py", f"--workdir={tmp_path / 'wd'}",
-         "--config.data.source=files", f"--config.data.files=('{tiny_config.data.files[0]}',)",
-         f"--config.data.cache_dir={tiny_config.data.cache_dir}", "--config.opt.lr=1e30",
-         "--config.train.num_steps=12", "--config.train.ckpt_every=2", "--config.train.progress_bar=False",
-         "--config.model.num_experts=0", "--config.diffusion.self_cond_prob=0.0"]  # _quick's model
-  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+@pytest.mark.slow  # train.py in a subprocess (the `diverged` run): the issue's command, exit status and message
+def test_train_py_exits_nonzero_on_divergence(diverged):
+  _, _, out = diverged
   assert out.returncode != 0
   assert "train.py: train step" in out.stderr and "non-finite" in out.stderr and "Traceback" not in out.stderr
   # Orbax's INFO lines (thousands per run before) are filtered out; the run's own lines stay.
@@ -157,38 +207,42 @@ def test_train_py_exits_nonzero_on_divergence(tiny_config, tmp_path):
 
 
 # ---- resuming ---------------------------------------------------------------------------------------
+# On copies of the module's quick_run (steps 2, 4, 6, 8 saved, one metrics row per step): each test changes its copy
+# as a failure would have left it, and a resume with the run's settings reuses the run's compiled programs.
 
-@pytest.mark.slow  # a whole run, then a resume attempt
-def test_resume_with_another_architecture_is_refused_before_writing(tiny_config, tmp_path):
-  config = _quick(tiny_config)
-  config.train.num_steps = 2
-  wd = tmp_path / "wd"
-  loop.train_and_evaluate(config, str(wd))
+@pytest.mark.slow  # the module's quick_run (a training run), then resume attempts
+def test_resume_with_another_architecture_is_refused_before_writing(quick_run, tmp_path):
+  wd = quick_run.copy(tmp_path / "wd")
+  config = quick_run.new_config()
   before = {p.name: p.read_bytes() for p in (wd / "config.json", wd / "metrics.jsonl")}
   config.model.d_model, config.finetune.freeze_router = 128, True
   with pytest.raises(ConfigError, match=r"model\.d_model: 64 -> 128.*finetune\.freeze_router: False -> True"):
     loop.train_and_evaluate(config, str(wd))
   assert {p.name: p.read_bytes() for p in (wd / "config.json", wd / "metrics.jsonl")} == before
-  assert dgemma.load(str(wd)).step == 2  # the original run still samples
+  assert dgemma.load(str(wd)).step == 8  # the original run still samples
   # The architecture back, a training key changed: the run is finished, so nothing would train with it and
   # the workdir would silently hand back the saved run's model. Refused, naming the key and the way on.
   config.model.d_model, config.finetune.freeze_router = 64, False
   config.opt.lr = config.opt.lr * 2
-  with pytest.raises(ConfigError, match=r"is finished \(step 2, train\.num_steps=2\).*opt\.lr: .* -> .*"
+  with pytest.raises(ConfigError, match=r"is finished \(step 8, train\.num_steps=8\).*opt\.lr: .* -> .*"
                                         r"raise train\.num_steps"):
     loop.train_and_evaluate(config, str(wd))
   assert {p.name: p.read_bytes() for p in (wd / "config.json", wd / "metrics.jsonl")} == before
   assert not (wd / loop.CONFIG_CHANGES_FILE).exists()
 
 
-@pytest.mark.slow  # several whole training runs with checkpoints (the loop end to end)
-def test_resume_replaces_config_json_only_after_a_good_restore(tiny_config, tmp_path, monkeypatch):
-  config = _quick(tiny_config)
-  config.train.num_steps = 2
-  wd = tmp_path / "wd"
-  loop.train_and_evaluate(config, str(wd))
+@pytest.mark.slow  # the module's quick_run (a training run), then a resume
+def test_resume_replaces_config_json_only_after_a_good_restore(quick_run, tmp_path, monkeypatch):
+  # A run of 4 steps at lr 5e-4, finished (the copy's steps 2 and 4, its config.json saying so), resumed with the
+  # allowed changes: quick_run's settings (8 steps, lr 2e-3), whose programs are compiled.
+  wd = quick_run.copy(tmp_path / "wd")
+  for step in (6, 8):
+    shutil.rmtree(workdir_ckpt.step_dir(wd, step))
+  was = quick_run.new_config()
+  was.train.num_steps, was.opt.lr = 4, 5e-4
+  workdir_ckpt.write_config_json(wd, settings_lib.from_config(was).config_json)
   saved = (wd / "config.json").read_text()
-  config.train.num_steps, config.opt.lr = 4, 5e-4  # allowed changes on resume
+  config = quick_run.new_config()  # allowed changes on resume: train.num_steps 4 -> 8, opt.lr 5e-4 -> 2e-3
   monkeypatch.setattr(workdir_ckpt, "restore", lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
   config.train.on_corrupt_checkpoint = "error"
   with pytest.raises(CheckpointError, match="disk gone"):
@@ -197,68 +251,57 @@ def test_resume_replaces_config_json_only_after_a_good_restore(tiny_config, tmp_
   assert not (wd / loop.CONFIG_CHANGES_FILE).exists()
   monkeypatch.undo()
   loop.train_and_evaluate(config, str(wd))
-  assert json.loads((wd / "config.json").read_text())["train"]["num_steps"] == 4
+  assert json.loads((wd / "config.json").read_text())["train"]["num_steps"] == 8
   # config.json now holds only the new settings; the resume's changes are on record.
   rows = [json.loads(line) for line in (wd / loop.CONFIG_CHANGES_FILE).read_text().splitlines()]
-  assert [r["step"] for r in rows] == [2]
+  assert [r["step"] for r in rows] == [4]
   assert [c.split(":")[0] for c in rows[0]["changes"]] == ["opt.lr", "train.num_steps"]
 
 
-def _trained(config, wd, steps=6, every=2, stop_after=None):
-  config.train.num_steps, config.train.ckpt_every, config.train.keep_checkpoints = steps, every, 5
-  config.train.log_every = 1
-  return loop.train_and_evaluate(config, str(wd), stop_after_steps=stop_after)
-
-
-@pytest.mark.slow  # several whole training runs with checkpoints (the loop end to end)
-def test_corrupt_latest_checkpoint_falls_back_and_resumes_exactly(tiny_config, tmp_path):
-  config = _quick(tiny_config)
-  reference = _trained(config, tmp_path / "ref", steps=8)  # uninterrupted: 8 steps
-  wd = tmp_path / "wd"
-  _trained(config, wd, steps=8, stop_after=6)  # the same 8-step schedule, stopped after step 6
+@pytest.mark.slow  # the module's quick_run (a training run), then a resume
+def test_corrupt_latest_checkpoint_falls_back_and_resumes_exactly(quick_run, tmp_path):
+  wd = quick_run.copy(tmp_path / "wd")
+  shutil.rmtree(workdir_ckpt.step_dir(wd, 8))  # the same 8-step run, stopped after step 6's checkpoint
+  config = quick_run.new_config()
   data_file = max((workdir_ckpt.step_dir(wd, 6) / "state" / "d").iterdir(), key=lambda p: p.stat().st_size)
   data_file.write_bytes(data_file.read_bytes()[: data_file.stat().st_size // 2])  # truncated
   # Sampling names the step and the file, and says which step to sample instead.
   with pytest.raises(CheckpointError, match=rf"step 6 .*{data_file.name}.*sample\.checkpoint_step=4"):
     dgemma.load(str(wd))
   # train.on_corrupt_checkpoint='error': the same naming, with the resume hint.
-  config.train.num_steps = 8
   config.train.on_corrupt_checkpoint = "error"
   with pytest.raises(CheckpointError, match=rf"step 6 .*{data_file.name}.*train\.restore_step=4"):
     loop.train_and_evaluate(config, str(wd))
-  # 'fallback' (the default): step 6 moved aside (kept), step 4 restored, and the run ends as if never broken.
+  # 'fallback' (the default): step 6 moved aside (kept), step 4 restored, and the run ends as if never broken:
+  # as the uninterrupted run did.
   config.train.on_corrupt_checkpoint = "fallback"
   resumed = loop.train_and_evaluate(config, str(wd))
   assert [p.name.split("-")[0] for p in (wd / workdir_ckpt.CORRUPT).iterdir()] == ["6"]
   assert 6 in workdir_ckpt.steps(wd) and 8 in workdir_ckpt.steps(wd)  # step 6 written again from step 4
-  chex.assert_trees_all_equal(jax.device_get(resumed.params), jax.device_get(reference.params))
-  chex.assert_trees_all_equal(jax.device_get(resumed.opt_state), jax.device_get(reference.opt_state))
+  chex.assert_trees_all_equal(jax.device_get(resumed.params), quick_run.state.params)
+  chex.assert_trees_all_equal(jax.device_get(resumed.opt_state), quick_run.state.opt_state)
   rows = [r["step"] for r in report.read_metrics(wd) if r["split"] == "train"]
-  assert rows == list(range(1, 9))  # one train row per step, the redone steps 5 and 6 included once
+  assert rows == list(range(1, 9))  # one train row per step, the redone steps 5 to 8 included once
 
 
-@pytest.mark.slow  # several whole training runs with checkpoints (the loop end to end)
-def test_truncated_metadata_is_named(tiny_config, tmp_path):
-  config = _quick(tiny_config)
-  wd = tmp_path / "wd"
-  _trained(config, wd, steps=4)
-  metadata = workdir_ckpt.step_dir(wd, 4) / "state" / "_METADATA"
+@pytest.mark.slow  # the module's quick_run (a training run)
+def test_truncated_metadata_is_named(quick_run, tmp_path):
+  wd = quick_run.copy(tmp_path / "wd")
+  metadata = workdir_ckpt.step_dir(wd, 8) / "state" / "_METADATA"
   metadata.write_text(metadata.read_text()[:40])
-  with pytest.raises(CheckpointError, match=r"step 4 .*state/_METADATA.*sample\.checkpoint_step=2"):
+  with pytest.raises(CheckpointError, match=r"step 8 .*state/_METADATA.*sample\.checkpoint_step=6"):
     dgemma.load(str(wd))
-  assert dgemma.load(str(wd), step=2).step == 2  # the hint works
+  assert dgemma.load(str(wd), step=6).step == 6  # the hint works
 
 
-@pytest.mark.slow  # several whole training runs with checkpoints (the loop end to end)
-def test_metrics_rows_past_the_restored_step_are_dropped_and_a_partial_line_skipped(tiny_config, tmp_path):
-  config = _quick(tiny_config)
-  wd = tmp_path / "wd"
-  _trained(config, wd, steps=4)
-  shutil.rmtree(workdir_ckpt.step_dir(wd, 4))  # as if killed after logging step 4, before its checkpoint
+@pytest.mark.slow  # the module's quick_run (a training run), then a resume
+def test_metrics_rows_past_the_restored_step_are_dropped_and_a_partial_line_skipped(quick_run, tmp_path):
+  wd = quick_run.copy(tmp_path / "wd")
+  shutil.rmtree(workdir_ckpt.step_dir(wd, 8))  # as if killed after logging step 8, before its checkpoint
   with open(wd / "metrics.jsonl", "a") as f:
-    f.write('{"step": 4, "split": "train", "loss": 1.')  # the half-written line kill -9 leaves
-  assert [r["step"] for r in report.read_metrics(wd) if r["split"] == "train"] == [1, 2, 3, 4]  # readers skip it
-  loop.train_and_evaluate(config, str(wd))  # resumes from step 2
+    f.write('{"step": 8, "split": "train", "loss": 1.')  # the half-written line kill -9 leaves
+  assert [r["step"] for r in report.read_metrics(wd) if r["split"] == "train"] == list(range(1, 9))  # skipped
+  loop.train_and_evaluate(quick_run.new_config(), str(wd))  # resumes from step 6
   rows = [r["step"] for r in report.read_metrics(wd) if r["split"] == "train"]
-  assert rows == [1, 2, 3, 4]
+  assert rows == list(range(1, 9))
   assert all(line.endswith("}") for line in (wd / "metrics.jsonl").read_text().splitlines())
