@@ -8,12 +8,13 @@ REPORT ?= report
 
 .PHONY: venv demo test test-fast data bench clean
 
-$(VENV)/.installed: requirements.txt requirements-test.txt requirements-cuda-plugin.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-test.txt requirements-cuda-plugin.txt requirements-tpu-plugin.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt -r requirements-test.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -m pip install -q --no-deps --target $(VENV)/cuda-plugin -r requirements-cuda-plugin.txt
+	$(PY) -m pip install -q --no-deps --target $(VENV)/tpu-plugin -r requirements-tpu-plugin.txt
 	touch $@
 
 venv: $(VENV)/.installed

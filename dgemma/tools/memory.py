@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
-import os
+import re
 
 import flax
 import jax
@@ -51,7 +51,7 @@ from dgemma.errors import ConfigError
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.model.sharding import MESH_AXES
 from dgemma.sampling import SamplerConfig, as_noise, denoise_canvas
-from dgemma.tools import model_size
+from dgemma.tools import model_size, targets
 from dgemma.train import loop
 from dgemma.train import optimizer as optimizer_lib
 from dgemma.train import state as state_lib
@@ -199,56 +199,10 @@ def training_estimate(config, sizes: dict[str, int]) -> dict[str, int]:
 
 # ---- the compiled train step ----------------------------------------------------------------------
 
-# GPUs the train step can be compiled for without one (`--target`): XLA's device description of each (its
-# `GpuTargetConfig` text; the figures of the card's data sheet).
-GPU_TARGETS = {
-    "h100": dict(name="NVIDIA H100 80GB HBM3", memory=85_520_809_984, bandwidth=3_352_320_000_000, clock=1.98),
-    "h200": dict(name="NVIDIA H200", memory=150_754_820_096, bandwidth=4_800_000_000_000, clock=1.98),
-}
-
-
-def gpu_target_config(name: str) -> str:
-  """XLA's GpuTargetConfig (text proto) of a GPU_TARGETS card: a Hopper (sm_90) with 132 SMs."""
-  t = GPU_TARGETS[name]
-  return f"""gpu_device_info {{
-  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
-  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
-  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
-  memory_bandwidth: {t["bandwidth"]} l2_cache_size: 52428800 clock_rate_ghz: {t["clock"]}
-  device_memory_size: {t["memory"]} shared_memory_per_block_optin: 232448
-  cuda_compute_capability {{ major: 9 }} registers_per_core_limit: 65536 registers_per_block_limit: 65536
-}}
-platform_name: "CUDA"
-dnn_version_info {{ major: 9 minor: 8 }}
-runtime_version {{ major: 13 minor: 0 }}
-device_description_str: "{t["name"]}"
-"""
-
-
-def target_device(target: str = "host"):
-  """The device a plan compiles for: 'host' (this process's first device) or a GPU_TARGETS card, compiled for
-  without one through jax's CUDA plugin (its deviceless compilation; no GPU or CUDA libraries needed, the
-  plugin's version checks skipped: JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 must be set before jax's backends start, as
-  the command line does)."""
-  if target == "host":
-    return jax.devices()[0]
-  if target not in GPU_TARGETS:
-    raise ConfigError(f"--target: {target!r}; use 'host' or one of {sorted(GPU_TARGETS)}")
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  try:
-    topology = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(target),
-                                            topology="1x1x1")
-  except (NotImplementedError, RuntimeError) as e:
-    raise ConfigError(f"--target={target}: compiling for a GPU without one needs jax's CUDA plugin: pip install "
-                      f"jax-cuda13-plugin=={jax.__version__} jax-cuda13-pjrt=={jax.__version__} (no GPU needed); "
-                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
-  return topology.devices[0]
-
-
 def compiled_train_memory(settings, device=None) -> dict[str, int]:
   """XLA's buffer assignment for the run's real train step (`dgemma.train.loop.run_programs`: the state, the
   batch of data.batch_size x data.seq_len rows in micro-batches of opt.grad_accum_steps, the optimizer, the
-  frozen and quantized leaves) on one `device` (default: this host's first; `target_device`), lowered from
+  frozen and quantized leaves) on one `device` (default: this host's first; `targets.device`), lowered from
   abstract shapes and compiled: nothing is allocated. Bytes: 'arguments' (of which 'base_quantized',
   'frozen_float', 'trainable', 'opt_state', 'batch'), 'outputs', 'aliased' (outputs written into the donated
   state), 'temporaries', 'peak' (arguments + outputs - aliased + temporaries, or XLA's own peak when it reports a
@@ -261,25 +215,48 @@ def compiled_train_memory(settings, device=None) -> dict[str, int]:
   batch = {k: jax.ShapeDtypeStruct((settings.data.batch_size, settings.data.seq_len), jnp.int32, sharding=sharding)
            for k in ("tokens", "segment_ids", "positions")}
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):
-    stats = programs.train_step.lower(state, batch, rng).compile().memory_analysis()
   parts = {"base_quantized": 0, "frozen_float": 0, "trainable": 0}
   for key, leaf in flax.traverse_util.flatten_dict(state.params).items():
     kind = ("trainable" if finetune.label(key, settings.finetune) == finetune.TRAINABLE else
             "base_quantized" if quant.is_quantized(leaf) else "frozen_float")
     parts[kind] += quant.tree_bytes(leaf)
-  out = dict(parts, opt_state=quant.tree_bytes(state.opt_state), batch=quant.tree_bytes(batch),
-             arguments=int(stats.argument_size_in_bytes), outputs=int(stats.output_size_in_bytes),
-             aliased=int(stats.alias_size_in_bytes), temporaries=int(stats.temp_size_in_bytes))
+  out = dict(parts, opt_state=quant.tree_bytes(state.opt_state), batch=quant.tree_bytes(batch))
+  with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):
+    lowered = programs.train_step.lower(state, batch, rng)
+  out.update(compiled_memory(lowered, arguments=quant.tree_bytes((state, batch, rng))))
+  return out
+
+
+def compiled_memory(lowered, arguments: int) -> dict[str, int]:
+  """XLA's buffer assignment of a lowered program, compiled: 'arguments', 'outputs', 'aliased', 'temporaries' and
+  'peak' (arguments + outputs - aliased + temporaries, or XLA's own peak when it reports a larger one). A program
+  the compiler refuses for want of memory (a TPU's does: "HLO temporaries (34.80G) exceeds available HBM
+  (31.25G)") is a plan too: its temporaries and the device's 'available' bytes from the message, `arguments` (the
+  caller's count of the argument bytes), outputs and aliasing unknown (0), and 'refused' 1."""
+  try:
+    stats = lowered.compile().memory_analysis()
+  except jax.errors.JaxRuntimeError as e:
+    found = REFUSED.search(str(e))
+    if found is None:
+      raise
+    temporaries, available = (int(float(x) * GiB) for x in found.groups())
+    return dict(arguments=arguments, outputs=0, aliased=0, temporaries=temporaries, available=available,
+                peak=arguments + temporaries, refused=1)
+  out = dict(arguments=int(stats.argument_size_in_bytes), outputs=int(stats.output_size_in_bytes),
+             aliased=int(stats.alias_size_in_bytes), temporaries=int(stats.temp_size_in_bytes), refused=0)
   summed = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
   out["peak"] = max(summed, int(getattr(stats, "peak_memory_in_bytes", 0) or 0))
   return out
 
 
+# XLA's TPU compiler refusing a program that does not fit (its byte counts are GiB, printed 'G')
+REFUSED = re.compile(r"HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
+
+
 def train_report(settings, target: str = "host") -> str:
-  """The compiled train step's memory plan (`compiled_train_memory` on `target_device(target)`), its last line
+  """The compiled train step's memory plan (`compiled_train_memory` on `targets.device(target)`), its last line
   `peak X GiB`."""
-  device = target_device(target)
+  device = targets.device(target)
   m = compiled_train_memory(settings, device)
   cfg, ft = settings.model, settings.finetune
   fmt = lambda x: f"{x / GiB:8.3f} GiB"
@@ -299,6 +276,8 @@ def train_report(settings, target: str = "host") -> str:
       f"    batch                    {fmt(m['batch'])}",
       f"  outputs          {fmt(m['outputs'])}   (of which {m['aliased'] / GiB:.3f} GiB written into the donated state)",
       f"  temporaries      {fmt(m['temporaries'])}",
+      *([f"  refused by the compiler: the temporaries exceed the {m['available'] / GiB:.2f} GiB it allows a program "
+         "(arguments: the state and batch as counted here; outputs not known)"] if m["refused"] else []),
       f"peak {m['peak'] / GiB:.2f} GiB"])
 
 
@@ -358,9 +337,7 @@ def main(argv):
     config.data.seq_len = _FLAGS["seq_len"].value
   if _FLAGS["train"].value:
     target = _FLAGS["target"].value
-    if target != "host":  # before jax's backends start (the settings' checks start them): the CUDA plugin loads
-      # then, and without a GPU's libraries its version checks would refuse it (target_device)
-      os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    targets.use_plugins(target)  # before jax's backends start (the settings' checks start them)
     print(train_report(settings_lib.from_config(config), target))
     return
   canvas = _FLAGS["canvas"].value or int(config.diffusion.canvas_len)
@@ -390,7 +367,8 @@ if __name__ == "__main__":
       seq_len=flags.DEFINE_integer("seq_len", 0, "Training row length (0 = data.seq_len)."),
       train=flags.DEFINE_bool("train", False, "Compile the config's real train step (abstract shapes, nothing "
                               "allocated) and print XLA's memory plan for it instead of the estimates."),
-      target=flags.DEFINE_string("target", "host", f"--train compiles for: 'host' (this machine's device) or a GPU "
-                                 f"without one, {sorted(GPU_TARGETS)} (needs jax's CUDA plugin)."),
+      target=flags.DEFINE_enum("target", "host", list(targets.TARGETS), "--train compiles for: 'host' (this "
+                               "machine's device) or an accelerator without one (dgemma/tools/targets.py; the plugins "
+                               "make venv installs beside the environment)."),
   )
   cli.run(main, "dgemma.tools.memory")

@@ -121,6 +121,52 @@ def test_compiled_train_memory_counts_the_quantized_state_it_is_given():
   assert last == f"peak {plan['peak'] / 2**30:.2f} GiB"
 
 
+_ON_TARGETS = """
+import json, sys
+from dgemma.tools import targets
+targets.use_plugins()  # before jax starts its backends
+from dgemma import quant
+from dgemma.tools import memory
+sys.path.insert(0, sys.argv[1])
+from tests.tools.test_memory import _qlora_tiny
+settings = _qlora_tiny()
+out = {}
+for name in ("h100", "v5e"):
+  device = targets.device(name)
+  plan = memory.compiled_train_memory(settings, device)
+  plan["device"] = device.device_kind
+  out[name] = plan
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # a subprocess that compiles a train step for a GPU and for a TPU
+def test_the_train_step_compiles_for_a_gpu_and_a_tpu_without_them():
+  """The same tiny QLoRA step compiled for an H100 (jax's CUDA plugin) and a TPU v5e (libtpu), neither present; the
+  plugins are found beside the environment (`make venv` installs them in .venv/cuda-plugin and .venv/tpu-plugin).
+  The GPU plan's arguments are exactly the state (its int4 experts at half a byte), the batch and the step's key;
+  the TPU's are at least that (its layouts pad small arrays to whole tiles)."""
+  import json
+  import subprocess
+  import sys
+  from pathlib import Path
+  repo = Path(__file__).resolve().parents[2]
+  for kind, folder in (("gpu", "cuda-plugin"), ("tpu", "tpu-plugin")):
+    assert (Path(sys.prefix) / folder).is_dir(), f"{sys.prefix}/{folder}: the {kind} plugin is missing (make venv)"
+  out = subprocess.run([sys.executable, "-c", _ON_TARGETS, str(repo)], cwd=repo, capture_output=True, text=True,
+                       timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  plans = json.loads(out.stdout.strip().splitlines()[-1])
+  exact = plans["h100"]["base_quantized"] + plans["h100"]["frozen_float"] + plans["h100"]["trainable"] + \
+      plans["h100"]["opt_state"] + plans["h100"]["batch"] + 4 + 8  # + the step counter and the uint32[2] key
+  assert plans["h100"]["device"] == "NVIDIA H100 80GB HBM3" and plans["v5e"]["device"] == "TPU v5 lite"
+  assert plans["h100"]["arguments"] == exact and plans["v5e"]["arguments"] >= exact
+  assert plans["h100"]["base_quantized"] == plans["v5e"]["base_quantized"] > 0
+  for plan in plans.values():
+    assert plan["refused"] == 0 and plan["temporaries"] > 0 and plan["peak"] >= plan["arguments"]
+
+
+@pytest.mark.slow  # a subprocess that compiles a train step for a GPU
 @pytest.mark.slow  # a subprocess that compiles a train step for a GPU
 def test_train_plan_for_a_gpu_without_one():
   """`python -m dgemma.tools.memory --train --target=h100` compiles for an H100 without one (jax's CUDA plugin,
@@ -132,7 +178,7 @@ def test_train_plan_for_a_gpu_without_one():
   repo = Path(__file__).resolve().parents[2]
   plugin = Path(sys.prefix) / "cuda-plugin"
   assert (plugin / "jax_plugins").is_dir(), f"{plugin}: jax's CUDA plugin is missing (make venv installs it)"
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(plugin), str(repo))))
+  env = dict(os.environ, PYTHONPATH=str(repo))  # the command finds the plugin beside the environment itself
   out = subprocess.run([sys.executable, "-m", "dgemma.tools.memory", "--config=configs/tiny_test.py", "--train",
                         "--target=h100", *QLORA_TINY], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]
