@@ -20,7 +20,9 @@ entry, so a looked-up row is dequantized alone), attention q/k/v [D, K, H] (cont
 stacked experts [E, D, F] / [E, F, D] (contract the middle axis). Router kernels, norm scales, router
 scales and layer scalars stay in their dtype. Stacked `blocks` leaves keep their leading 'layers' axis
 in q and scale alike, so `nn.scan` slices a `QArray` like any weight and each layer is dequantized
-inside the scanned block: full-precision weights of more than one layer never exist at once.
+inside the scanned block: full-precision weights of more than one layer never exist at once. Their int4 values
+are packed two to a byte along the group axis (`PackedInt4`, dgemma/model/qarray.py) and unpacked one layer at a
+time inside the block, so a GPU or TPU compiler never lays out a second copy of the whole stack.
 
 Presets (`sample.quantize`): 'int8', 'int4' (every quantizable weight), 'int4_experts' (the stacked expert
 weights int4 in groups of `group_size`, every other quantizable weight int8 per channel: the experts are
@@ -39,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -48,10 +50,10 @@ import numpy as np
 
 from dgemma.errors import ConfigError
 from dgemma.model import lora, param_shapes, qarray, sharding
-from dgemma.model.qarray import QArray, dequantize, is_quantized, take_rows
+from dgemma.model.qarray import PackedInt4, QArray, dequantize, is_quantized, take_rows
 
 # The quantized weight type and its helpers live beside the layers that read them (dgemma/model/qarray.py).
-__all__ = ["QArray", "QuantConfig", "Quantizer", "SCHEMES", "check", "contracted_axes", "dequantize", "is_quantized",
+__all__ = ["PackedInt4", "Plan", "QArray", "QuantConfig", "Quantizer", "SCHEMES", "check", "contracted_axes", "dequantize", "is_quantized",
            "leaf_plan", "quantize_array", "quantize_boxed", "quantize_leaf", "quantize_params", "same_layout", "stack",
            "take_rows", "tree_bytes"]
 
@@ -118,11 +120,12 @@ def _num_groups(size: int, group_size: int, scheme: str, name: str, field: str =
   return size // group_size
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
 def quantize_array(w: jax.Array, axes: tuple[int, ...], scheme: str, group_size: int = 0,
-                   name: str = "weight") -> QArray:
-  """Quantizes one weight over its contracted `axes` (negative); groups along the last of them.
-  Jitted (one compile per shape and setting); `name` only labels errors."""
+                   name: str = "weight", packed: bool = False) -> QArray | PackedInt4:
+  """Quantizes one weight over its contracted `axes` (negative); groups along the last of them; `packed` (int4
+  only): two values to a byte along that axis (`PackedInt4`). Jitted (one compile per shape and setting); `name` only
+  labels errors."""
   ndim = w.ndim
   axes = tuple(sorted(a % ndim for a in axes))
   ax = axes[-1]
@@ -135,19 +138,27 @@ def quantize_array(w: jax.Array, axes: tuple[int, ...], scheme: str, group_size:
   # the stored (possibly bf16) scale is what q is computed against; all-zero groups get scale 1
   scale = jnp.where(amax > 0, amax / qmax, 1.0).astype(w.dtype)
   q = jnp.clip(jnp.round(w_g / scale.astype(jnp.float32)), -qmax, qmax).astype(_QDTYPE[scheme]).reshape(w.shape)
-  return qarray.make(q, jnp.squeeze(scale, axis=ax + 1))
+  out = qarray.make(q, jnp.squeeze(scale, axis=ax + 1))
+  return qarray.pack(out, ax - ndim) if packed else out
 
 
 def _path_names(path) -> tuple[str, ...]:
   return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
+class Plan(NamedTuple):
+  """How one weight is quantized: over its contracted `axes` (negative), 'int8' | 'int4', and whether its int4
+  values are packed two to a byte (a stacked layer weight under `blocks`: `PackedInt4`)."""
+  axes: tuple[int, ...]
+  scheme: str
+  packed: bool
+
+
 def leaf_plan(names: tuple[str, ...], shape: tuple[int, ...], qcfg: QuantConfig,
-              only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Optional[tuple[tuple[int, ...], str]]:
-  """(contracted axes, 'int8' | 'int4') of the weight at key path `names` under `qcfg`, or None when it stays
-  unquantized. `shape` may lack a stacked leading 'layers' axis (one layer's slice quantizes as its slice of the
-  stacked weight would). Raises ConfigError naming qcfg.group_field (the group size's key) for a group that does
-  not divide."""
+              only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Optional[Plan]:
+  """The `Plan` of the weight at key path `names` under `qcfg`, or None when it stays unquantized. `shape` may lack
+  a stacked leading 'layers' axis (one layer's slice quantizes as its slice of the stacked weight would). Raises
+  ConfigError naming qcfg.group_field (the group size's key) for a group that does not divide."""
   if qcfg.scheme == "none" or (only is not None and not only(tuple(names))):
     return None
   axes = contracted_axes(tuple(names), len(shape), qcfg.embedding)
@@ -155,7 +166,8 @@ def leaf_plan(names: tuple[str, ...], shape: tuple[int, ...], qcfg: QuantConfig,
     return None
   scheme = leaf_scheme(qcfg.scheme, tuple(names))
   _num_groups(shape[axes[-1]], qcfg.group_size, scheme, "/".join(names), qcfg.group_field)
-  return axes, scheme
+  packed = scheme == "int4" and names[0] == "blocks" and shape[axes[-1]] % 2 == 0
+  return Plan(axes, scheme, packed)
 
 
 def quantize_leaf(names: tuple[str, ...], w: Any, qcfg: QuantConfig,
@@ -163,7 +175,8 @@ def quantize_leaf(names: tuple[str, ...], w: Any, qcfg: QuantConfig,
   """One weight (or one layer's slice of a stacked weight) as `quantize_params` quantizes it: a `QArray`, or `w`
   itself when it stays unquantized."""
   plan = leaf_plan(names, np.shape(w), qcfg, only)
-  return w if plan is None else quantize_array(w, plan[0], plan[1], int(qcfg.group_size), "/".join(names))
+  return w if plan is None else quantize_array(w, plan.axes, plan.scheme, int(qcfg.group_size), "/".join(names),
+                                                plan.packed)
 
 
 def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Any:
@@ -178,19 +191,19 @@ def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tup
   """
   if qcfg.scheme == "none":
     return params
-  plan = {}  # every weight's (axes, scheme), validated before any work
+  plans = {}  # every weight's Plan, validated before any work
   for path, leaf in jax.tree_util.tree_leaves_with_path(params, is_leaf=is_quantized):
     names = _path_names(path)
-    axes_scheme = None if is_quantized(leaf) else leaf_plan(names, np.shape(leaf), qcfg, only)
-    if axes_scheme is not None:
-      plan[names] = axes_scheme
+    plan = None if is_quantized(leaf) else leaf_plan(names, np.shape(leaf), qcfg, only)
+    if plan is not None:
+      plans[names] = plan
 
   def convert(path, leaf):
     names = _path_names(path)
-    if names not in plan:
+    if names not in plans:
       return leaf
-    axes, scheme = plan[names]
-    return quantize_array(leaf, axes, scheme, int(qcfg.group_size), "/".join(names))
+    plan = plans[names]
+    return quantize_array(leaf, plan.axes, plan.scheme, int(qcfg.group_size), "/".join(names), plan.packed)
 
   return jax.tree_util.tree_map_with_path(convert, params, is_leaf=is_quantized)
 
@@ -211,10 +224,7 @@ def quantize_boxed(boxed: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple
   def rebox(box, value):
     if not is_box(box):
       return value
-    if is_quantized(value):
-      return QArray(qvalue=box.replace_boxed(value.qvalue), scale=box.replace_boxed(value.scale), zero_point=None,
-                    qtype=value.qtype)
-    return box.replace_boxed(value)
+    return jax.tree.map(box.replace_boxed, value)  # a quantized weight: each of its arrays, boxed
 
   return jax.tree.map(rebox, boxed, quantized, is_leaf=is_box)
 
@@ -251,15 +261,17 @@ class Quantizer:
     return quantize_boxed(boxed, self.config, self.only)
 
 
-def stack(pieces: list[QArray]) -> QArray:
-  """`QArray`s of the same shape and grouping stacked along a new leading axis (one weight's layers)."""
+def stack(pieces: list[Any]) -> Any:
+  """Quantized weights (`QArray`s or `PackedInt4`s) of the same shape and grouping stacked along a new leading axis
+  (one weight's layers)."""
   return jax.tree.map(lambda *xs: jnp.stack(xs), *pieces)
 
 
-def same_layout(a: QArray, b: QArray) -> bool:
-  """Whether two (possibly abstract) `QArray`s quantize the same shape the same way: storage type and scale
-  grouping."""
-  return (jnp.dtype(a.qtype) == jnp.dtype(b.qtype) and tuple(a.shape) == tuple(b.shape)
+def same_layout(a: Any, b: Any) -> bool:
+  """Whether two (possibly abstract) quantized weights quantize the same shape the same way: their storage (the
+  type, packed or not, and the values' dtype) and scale grouping."""
+  return (type(a) is type(b) and jnp.dtype(a.qtype) == jnp.dtype(b.qtype) and tuple(a.shape) == tuple(b.shape)
+          and jax.tree.leaves(a)[0].dtype == jax.tree.leaves(b)[0].dtype
           and tuple(a.scale.shape) == tuple(b.scale.shape))
 
 

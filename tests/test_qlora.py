@@ -167,8 +167,10 @@ def test_qlora_run_resumes_exactly_keeps_its_base_and_loads_on_it(tiny_config, t
                                     np.asarray(getattr(w, field), np.float32), err_msg="/".join(k))
 
   saved = _saved_params(workdir_ckpt.step_dir(tmp_path / "wd", 2))
-  for k in want:  # the base once, quantized: its qvalue and scale, no float tensor of the weight
-    assert saved[k + ("qvalue",)] in ("int4", "int8") and k not in saved, "/".join(k)
+  for k in want:  # the base once, quantized: its values (int8, int4, or a layer's int4 two to a byte) and scale
+    stored = saved.get(k + ("qvalue",)) or saved.get(k + ("packed",))
+    assert stored in ("int4", "int8", "uint8") and k + ("scale",) in saved and k not in saved, "/".join(k)
+  assert any(saved.get(k + ("packed",)) == "uint8" for k in want)  # the int4 experts, packed
   adapter_dir = tmp_path / "wd" / adapter_ckpt.ADAPTER_DIR
   leaves, _, meta = adapter_ckpt.load_adapter(adapter_dir)
   assert all(k[-1].endswith(("lora_a", "lora_b")) for k in flax.traverse_util.flatten_dict(leaves))

@@ -199,7 +199,7 @@ def load_as(source: Source, model: ModelConfig, *, placement: Optional[Placement
       continue
     if not (quant.is_quantized(value) and quant.same_layout(value, target)):
       dense = put(quant.dequantize(value), jax.ShapeDtypeStruct(target.shape, target.dtype,
-                                                                sharding=target.qvalue.sharding))
+                                                                sharding=jax.tree.leaves(target)[0].sharding))
       value = quantizer(key, dense)
     placed[key] = jax.tree.map(put, value, target)
   return dataclasses.replace(loaded, model=model, params=flax.traverse_util.unflatten_dict(placed))

@@ -9,12 +9,21 @@ Produced by `dgemma.quant.quantize_params` (the scheme is described there); cons
 A plain array passes through every helper unchanged, so the same model code runs quantized or not.
 `qvalue` is the QArray's first field: flax checks a stored parameter's first leaf against the declared shape,
 and `nn.scan` slices qvalue and scale alike along a leading 'layers' axis.
+
+`PackedInt4`: how a stacked layer weight (under `blocks`) is held in int4: two values to a byte (uint8) along its
+group axis. XLA's GPU and TPU compilers lay a stacked int4 operand out anew before the layer loop (a second copy of
+every int4 weight: 10.6 GiB for the released model's experts, docs/finetuning.md); a packed weight is unpacked one
+layer at a time inside the layer (`unpack_tree`, which the Transformer applies to each scanned block's parameters
+before its layers read them, inside the rematerialised block), so that copy never exists, and the unpacked layer
+is recomputed in the backward pass rather than kept.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 import qwix
@@ -22,8 +31,56 @@ import qwix
 QArray = qwix.QArray
 
 
+@flax.struct.dataclass
+class PackedInt4:
+  """int4 values two to a byte along `axis` (negative; uint8, the even index in the low nibble) and their scales
+  (module docstring). `shape` is the weight's; `unpack` gives the QArray."""
+  packed: jax.Array
+  scale: jax.Array
+  axis: int = flax.struct.field(pytree_node=False, default=-2)
+
+  qtype = jnp.int4
+  dtype = property(lambda self: self.scale.dtype)
+  ndim = property(lambda self: self.packed.ndim)
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    shape = list(self.packed.shape)
+    shape[self.axis] *= 2
+    return tuple(shape)
+
+  @property
+  def qvalue(self) -> jax.Array:
+    """The int4 values (as int8), unpacked (a ShapeDtypeStruct for an abstract weight)."""
+    if isinstance(self.packed, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(self.shape, jnp.int8)
+    return unpack(self).qvalue
+
+
+def pack(q: QArray, axis: int) -> PackedInt4:
+  """An int4 QArray's values two to a byte along `axis` (negative; its size even)."""
+  values = jnp.moveaxis(q.qvalue.astype(jnp.int8), axis, -1)
+  lo, hi = (values[..., i::2].astype(jnp.uint8) & 0xF for i in (0, 1))
+  return PackedInt4(packed=jnp.moveaxis(lo | (hi << 4), -1, axis), scale=q.scale, axis=axis)
+
+
+def unpack(w: PackedInt4) -> QArray:
+  """The QArray of a packed weight: its int4 values as int8 (what the layers dequantize; tokamax's kernels read int8
+  as they read int4)."""
+  p = jnp.moveaxis(w.packed, w.axis, -1)
+  nibbles = jnp.stack([p & 0xF, p >> 4], axis=-1).astype(jnp.int8)
+  values = jnp.where(nibbles > 7, nibbles - 16, nibbles).reshape(p.shape[:-1] + (2 * p.shape[-1],))
+  return make(jnp.moveaxis(values, -1, w.axis), w.scale)
+
+
+def unpack_tree(tree: Any) -> Any:
+  """`tree` with every PackedInt4 unpacked (a block's parameters, one layer's slice: `Transformer.setup`)."""
+  return jax.tree.map(lambda x: unpack(x) if isinstance(x, PackedInt4) else x, tree,
+                      is_leaf=lambda x: isinstance(x, PackedInt4))
+
+
 def is_quantized(x: Any) -> bool:
-  return isinstance(x, QArray)
+  return isinstance(x, (QArray, PackedInt4))
 
 
 def make(qvalue: jax.Array, scale: jax.Array) -> QArray:
@@ -34,9 +91,66 @@ def make(qvalue: jax.Array, scale: jax.Array) -> QArray:
 def dequantize(w: Any, dtype=None) -> jax.Array:
   """qvalue * scale in `dtype` (default: the original weight dtype, the scale's), by `qwix.dequantize`;
   plain arrays are only cast."""
+  if isinstance(w, PackedInt4):
+    w = unpack(w)
   if not isinstance(w, QArray):
     return w if dtype is None else w.astype(dtype)
   return qwix.dequantize(w if dtype is None else w.astype(dtype))
+
+
+# Rows of a quantized table dequantized at a time by `table_logits` / `table_mix` (88 MiB of bf16 rows of the
+# released 2816-wide table: 16 chunks of its 262,144-row vocabulary).
+TABLE_CHUNK_ROWS = 16384
+
+
+def _row_chunks(table: QArray, chunk_rows: int):
+  """(chunk, number of whole chunks, remainder rows) of a [V, D] table read `chunk_rows` rows at a time."""
+  V = table.qvalue.shape[0]
+  chunk = min(chunk_rows, V)
+  return chunk, V // chunk, V % chunk
+
+
+def _rows(table: QArray, start, size: int, dtype) -> jax.Array:
+  """Rows [start, start + size) of a quantized table, dequantized to `dtype` (a slice of qvalue and of scale)."""
+  take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size, axis=0)
+  return dequantize(make(take(table.qvalue), take(table.scale)), dtype)
+
+
+def table_logits(x_ND: jax.Array, table: QArray, chunk_rows: int = TABLE_CHUNK_ROWS) -> jax.Array:
+  """x @ dequantize(table)^T ([.., D] x [V, D] -> [.., V], in x's dtype) a chunk of `chunk_rows` table rows at a
+  time, each chunk dequantized inside a rematerialised scan step: the dequantized table never exists whole, in the
+  forward pass or the backward (which dequantizes each chunk again for x's gradient). Each logit is the same
+  dot product of D terms as in the unchunked product."""
+  chunk, n, rem = _row_chunks(table, chunk_rows)
+
+  @functools.partial(jax.checkpoint, static_argnums=1)
+  def part(start, size):
+    return jnp.einsum("...d,vd->...v", x_ND, _rows(table, start, size, x_ND.dtype))
+
+  parts = jax.lax.map(lambda start: part(start, chunk), jnp.arange(n, dtype=jnp.int32) * chunk)  # [n, .., chunk]
+  logits = jnp.moveaxis(parts, 0, -2).reshape(x_ND.shape[:-1] + (n * chunk,))
+  if rem:
+    logits = jnp.concatenate([logits, part(jnp.int32(n * chunk), rem)], axis=-1)
+  return logits
+
+
+def table_mix(p_NV: jax.Array, table: QArray, chunk_rows: int = TABLE_CHUNK_ROWS) -> jax.Array:
+  """p @ dequantize(table) ([.., V] x [V, D] -> [.., D], in p's dtype; self-conditioning's soft embeddings) summed
+  over chunks of `chunk_rows` table rows, each dequantized inside a rematerialised scan step (`table_logits`). The
+  sum runs in fp32 over the chunks (each chunk's product in p's dtype)."""
+  chunk, n, rem = _row_chunks(table, chunk_rows)
+
+  @functools.partial(jax.checkpoint, static_argnums=1)
+  def part(start, size):
+    p_chunk = jax.lax.dynamic_slice_in_dim(p_NV, start, size, axis=-1)
+    return jnp.einsum("...v,vd->...d", p_chunk, _rows(table, start, size, p_NV.dtype)).astype(jnp.float32)
+
+  zeros = jnp.zeros(p_NV.shape[:-1] + table.qvalue.shape[1:], jnp.float32)
+  total, _ = jax.lax.scan(lambda acc, start: (acc + part(start, chunk), None), zeros,
+                          jnp.arange(n, dtype=jnp.int32) * chunk)
+  if rem:
+    total = total + part(n * chunk, rem)
+  return total.astype(p_NV.dtype)
 
 
 def take_rows(w: Any, index: jax.Array) -> jax.Array:

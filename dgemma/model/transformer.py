@@ -253,8 +253,9 @@ def tied_logits(x_BTD, table_VD):
 
 class Embedder(nn.Module):
   """Tied token table [V, D]: inputs scaled by sqrt(D) cast to the table dtype (HF
-  `DiffusionGemmaTextScaledWordEmbedding`); logits = x @ table^T. The table may be a `qarray.QArray`
-  (rows dequantized on lookup, the whole table for the logits)."""
+  `DiffusionGemmaTextScaledWordEmbedding`); logits = x @ table^T. The table may be a `qarray.QArray`: rows
+  dequantized on lookup, and a chunk of rows at a time for the logits and the soft embeddings (`qarray.table_logits`,
+  `qarray.table_mix`), so its dequantized copy never exists whole."""
 
   cfg: ModelConfig
 
@@ -272,12 +273,17 @@ class Embedder(nn.Module):
   def soft_encode(self, probs_BTV):
     """probs @ table * sqrt(D) (HF decoder self-conditioning soft embeddings)."""
     dtype = layers.compute_dtype(self.cfg)
-    soft = jnp.einsum("btv,vd->btd", probs_BTV.astype(dtype), qarray.dequantize(self.embedding, dtype))
+    if qarray.is_quantized(self.embedding):  # a quantized table is read a chunk of rows at a time
+      soft = qarray.table_mix(probs_BTV.astype(dtype), self.embedding)
+    else:
+      soft = jnp.einsum("btv,vd->btd", probs_BTV.astype(dtype), self.embedding.astype(dtype))
     return soft * self._scale().astype(dtype)
 
   def attend(self, x_BTD):
     dtype = layers.compute_dtype(self.cfg)
-    return tied_logits(x_BTD.astype(dtype), qarray.dequantize(self.embedding, dtype))
+    if qarray.is_quantized(self.embedding):
+      return qarray.table_logits(x_BTD.astype(dtype), self.embedding)
+    return tied_logits(x_BTD.astype(dtype), self.embedding.astype(dtype))
 
 
 class SelfConditioning(nn.Module):
@@ -313,9 +319,11 @@ class Transformer(nn.Module):
     if cfg.self_conditioning:
       self.self_conditioning = SelfConditioning(cfg)
     decoder_variants.setup(self, Layer)  # the research options' parameters (none for the released model)
-    block = Block
+    # a layer's packed int4 weights are unpacked inside the block (and so inside its rematerialisation), one layer at
+    # a time (dgemma/model/qarray.py PackedInt4)
+    block = nn.map_variables(Block, "params", trans_in_fn=qarray.unpack_tree, init=True)
     if cfg.remat != "none":
-      block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
+      block = nn.remat(block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
     self.blocks = nn.scan(
         block,
         variable_axes={"params": 0},
