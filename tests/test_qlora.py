@@ -61,17 +61,22 @@ def _trained_grads_fn(settings):
       finetune.trained_leaves(jax.device_get(grads(params, batch)), settings.finetune))
 
 
-# The MoE implementations read a quantized expert weight in one of two ways: 'ragged', 'dense', 'capacity' and
-# 'expert_parallel' dequantize it in `Experts` (one line, before the implementation is picked), 'tokamax' hands the
-# QArray to its kernels (and its own VJP). One of each kind is checked, with an int4 base (every matrix int4 in
-# groups) and an int4_experts one (the experts int4, every other matrix int8 per channel), in both modes.
-@pytest.mark.slow  # 15 and 24 s on 2 cores (three float64 gradient programs each): over the fast tier's budget
+# The MoE implementations read a quantized expert weight in one of three ways: 'ragged', 'capacity' and
+# 'expert_parallel' dequantize it in `Experts` (one line, before the implementation is picked), 'dense' inside each
+# of its products (qarray.frozen_product: its own VJP), 'tokamax' hands the QArray to its kernels (and its own VJP).
+# One of each kind is checked, with an int4 base (every matrix int4 in groups) and an int4_experts one (the experts
+# int4, every other matrix int8 per channel), in both modes.
+@pytest.mark.slow  # 10-15 s each on 2 cores (three float64 gradient programs each): over the fast tier's budget
 @pytest.mark.parametrize("scheme, mode, moe_impl", [
     ("int4", "head_only", "ragged"),
     ("int4_experts", "lora", "tokamax"),   # quantized experts into tokamax
+    ("int4_experts", "head_only", "dense"),  # configs/finetune_head_qlora.py: frozen products, layers rematerialised
 ])
 def test_adapter_gradients_equal_those_of_the_dequantized_float_model(scheme, mode, moe_impl):
-  settings = settings_lib.from_config(_config(mode, scheme, moe_impl))
+  config = _config(mode, scheme, moe_impl)
+  if moe_impl == "dense":
+    config.model.remat = "full"
+  settings = settings_lib.from_config(config)
   batch = random_rows(settings.model.vocab_size, 2, 24)
   with float64():
     params = jax.tree.map(jnp.asarray, to_f64(random_params(settings.model)))  # B != 0: A gets a gradient too
@@ -83,6 +88,9 @@ def test_adapter_gradients_equal_those_of_the_dequantized_float_model(scheme, mo
     g_deq = trained_grads(dequantized, batch)
     g_float = trained_grads(params, batch)
   assert quantized and not any(lora_name in k[-1] for k in quantized for lora_name in ("lora_a", "lora_b"))
+  # the stacked int4 weights are held packed two to a byte (qarray.PackedInt4), the path under test
+  packed = {k for k, v in flax.traverse_util.flatten_dict(qparams).items() if isinstance(v, quant.PackedInt4)}
+  assert packed and all("blocks" in k for k in packed)
   if mode == "head_only":  # the self-conditioning module trains in float32: never quantized
     assert not any(k[0] == "self_conditioning" for k in quantized)
     assert any(k[0] == "self_conditioning" for k in g_quant)

@@ -72,7 +72,7 @@ class ModelConfig:
                                 "kernels on GPU / TPU) or 'auto'", choices=ATTENTION_IMPLS)
   scan_layers: bool = setting(True, "nn.scan over stacked blocks of the layer pattern (False: one unrolled block; "
                               "another parameter tree, dgemma/checkpoints/layout.py)")
-  remat: str = setting("none", "rematerialisation of each block", choices=("none", "full", "dots"))
+  remat: str = setting("none", "rematerialisation of each layer", choices=("none", "full", "dots"))
   dtype: str = setting("float32", "compute dtype", choices=DTYPES)
   param_dtype: str = setting("float32", "parameter storage dtype", choices=DTYPES)
   router_aux_loss_weight: float = setting(0.0, "MoE load-balancing loss weight (0 = off, as released)", lo=0.0)

@@ -82,8 +82,11 @@ def experts_dense(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype,
     lr = adapters[name]
     return jnp.einsum(eqn_b, jnp.einsum(eqn_a, h, lr.a.astype(dtype)), lr.b.astype(dtype)) * jnp.asarray(lr.scale, dtype)
 
+  def product(f, x, w):  # a quantized (frozen) weight is dequantized where it is used, in both passes
+    return qarray.frozen_product(f, x, w, dtype) if qarray.is_quantized(w) else f(x, w.astype(dtype))
+
   def in_proj(w_EDF):
-    return (x_TD @ w_EDF.astype(dtype).transpose(1, 0, 2).reshape(D, E * F)).reshape(T, E, F)
+    return product(lambda x, w: (x @ w.transpose(1, 0, 2).reshape(D, E * F)).reshape(T, E, F), x_TD, w_EDF)
 
   g_TEF, u_TEF = in_proj(gate_EDF), in_proj(up_EDF)
   if "gate_proj" in adapters:
@@ -93,7 +96,7 @@ def experts_dense(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype,
   f32 = layers.at_least_f32(dtype)
   comb_TE = jnp.sum(jax.nn.one_hot(index_Tk, E, dtype=f32) * weights_Tk[..., None], axis=1)
   h_TEF = layers.gelu(g_TEF) * u_TEF * comb_TE[:, :, None].astype(dtype)
-  y_TD = h_TEF.reshape(T, E * F) @ down_EFD.astype(dtype).reshape(E * F, D)
+  y_TD = product(lambda h, w: h.reshape(T, E * F) @ w.reshape(E * F, D), h_TEF, down_EFD)
   if "down_proj" in adapters:
     y_TD = y_TD + low_rank("down_proj", "tef,efr->ter", "ter,erd->td", h_TEF)
   return y_TD.astype(dtype)
@@ -395,7 +398,10 @@ class Experts(nn.Module):
     dtype = layers.compute_dtype(cfg)
     impl = resolve_impl(cfg.moe_impl)
     if impl == "tokamax":
+      gate, up, down = (qarray.unpack(w) if isinstance(w, qarray.PackedInt4) else w for w in (gate, up, down))
       return experts_tokamax(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, adapters or None)
+    if impl == "dense":  # quantized weights dequantized inside its products (qarray.frozen_product)
+      return experts_dense(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, adapters or None)
     gate, up, down = (qarray.dequantize(w, dtype) for w in (gate, up, down))
     if impl == "expert_parallel":
       if adapters:  # fold W_e + s A_e B_e per expert (a full-size copy of the expert weights)
@@ -406,8 +412,7 @@ class Experts(nn.Module):
     if impl == "capacity":
       return experts_capacity(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, cfg.moe_capacity_factor,
                               adapters or None)
-    fn = experts_ragged if impl == "ragged" else experts_dense
-    return fn(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, adapters or None)
+    return experts_ragged(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, adapters or None)
 
 
 def router_losses(logits_TE, probs_TE, index_Tk, valid_T):

@@ -13,19 +13,21 @@ and `nn.scan` slices qvalue and scale alike along a leading 'layers' axis.
 `PackedInt4`: how a stacked layer weight (under `blocks`) is held in int4: two values to a byte (uint8) along its
 group axis. XLA's GPU and TPU compilers lay a stacked int4 operand out anew before the layer loop (a second copy of
 every int4 weight: 10.6 GiB for the released model's experts, docs/finetuning.md); a packed weight is unpacked one
-layer at a time inside the layer (`unpack_tree`, which the Transformer applies to each scanned block's parameters
-before its layers read them, inside the rematerialised block), so that copy never exists, and the unpacked layer
-is recomputed in the backward pass rather than kept.
+layer at a time inside the layer (`unpack_tree`, which each layer of the scanned block applies to its parameters
+before it reads them, inside its rematerialisation: `transformer.Block`), so that copy never exists, and the
+unpacked layer is recomputed in the backward pass rather than kept.
 """
 
 from __future__ import annotations
 
 import functools
+import dataclasses
 from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import qwix
 
 QArray = qwix.QArray
@@ -35,6 +37,9 @@ QArray = qwix.QArray
 class PackedInt4:
   """int4 values two to a byte along `axis` (negative; uint8, the even index in the low nibble) and their scales
   (module docstring). `shape` is the weight's; `unpack` gives the QArray."""
+  # `like`: None as stored; inside a layer (`with_shape_leaf`) an unused int8 array of the weight's shape, the first
+  # leaf, which flax checks against the declared shape (XLA drops it: nothing reads it)
+  like: Any = flax.struct.field(default=None, kw_only=True)
   packed: jax.Array
   scale: jax.Array
   axis: int = flax.struct.field(pytree_node=False, default=-2)
@@ -64,6 +69,11 @@ def pack(q: QArray, axis: int) -> PackedInt4:
   return PackedInt4(packed=jnp.moveaxis(lo | (hi << 4), -1, axis), scale=q.scale, axis=axis)
 
 
+def _stored(w: Any) -> Any:
+  """A weight without its `like` leaf (PackedInt4), as stored."""
+  return dataclasses.replace(w, like=None) if isinstance(w, PackedInt4) and w.like is not None else w
+
+
 def unpack(w: PackedInt4) -> QArray:
   """The QArray of a packed weight: its int4 values as int8 (what the layers dequantize; tokamax's kernels read int8
   as they read int4)."""
@@ -74,9 +84,17 @@ def unpack(w: PackedInt4) -> QArray:
 
 
 def unpack_tree(tree: Any) -> Any:
-  """`tree` with every PackedInt4 unpacked (a block's parameters, one layer's slice: `Transformer.setup`)."""
+  """`tree` with every PackedInt4 unpacked."""
   return jax.tree.map(lambda x: unpack(x) if isinstance(x, PackedInt4) else x, tree,
-                      is_leaf=lambda x: isinstance(x, PackedInt4))
+                      is_leaf=lambda x: isinstance(x, (PackedInt4, QArray)))
+
+
+def with_shape_leaf(tree: Any) -> Any:
+  """`tree` with every PackedInt4 given its `like` leaf: a layer's parameters as the layer reads them
+  (`transformer.Block`), still packed, each unpacked where it is used."""
+  return jax.tree.map(lambda x: dataclasses.replace(x, like=jnp.zeros(x.shape, jnp.int8))
+                      if isinstance(x, PackedInt4) and x.like is None else x, tree,
+                      is_leaf=lambda x: isinstance(x, (PackedInt4, QArray)))
 
 
 def is_quantized(x: Any) -> bool:
@@ -96,6 +114,42 @@ def dequantize(w: Any, dtype=None) -> jax.Array:
   if not isinstance(w, QArray):
     return w if dtype is None else w.astype(dtype)
   return qwix.dequantize(w if dtype is None else w.astype(dtype))
+
+
+def frozen_product(f, x: jax.Array, w: Any, dtype) -> jax.Array:
+  """f(x, dequantize(w, dtype)) for a frozen quantized weight `w` (QArray or PackedInt4) and an `f` linear in x,
+  differentiated in x only (a frozen weight has no gradient; its cotangent is zero). The dequantized weight is
+  formed where it is used and not kept: after x is known in the forward pass and after the output's gradient
+  in the backward (an optimization barrier ties it to each), so a compiler that schedules ahead (XLA's TPU
+  compiler) cannot form every layer's dequantized weights at once. The gradient is f's own vjp in x: the
+  same products as differentiating f(x, dequantize(w)) directly."""
+  return _frozen_product(f, dtype, x, _stored(w))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _frozen_product(f, dtype, x, w):
+  w, x = jax.lax.optimization_barrier((w, x))
+  return f(x, dequantize(w, dtype))
+
+
+def _frozen_product_fwd(f, dtype, x, w):
+  return _frozen_product(f, dtype, x, w), (x, w)
+
+
+def _zero_cotangent(leaf):
+  if jnp.issubdtype(leaf.dtype, jnp.inexact):
+    return jnp.zeros_like(leaf)
+  return np.zeros(leaf.shape, jax.dtypes.float0)
+
+
+def _frozen_product_bwd(f, dtype, residuals, g):
+  x, w = residuals
+  w, g = jax.lax.optimization_barrier((w, g))
+  _, pull = jax.vjp(lambda x: f(x, dequantize(w, dtype)), x)
+  return pull(g)[0], jax.tree.map(_zero_cotangent, w)
+
+
+_frozen_product.defvjp(_frozen_product_fwd, _frozen_product_bwd)
 
 
 # Rows of a quantized table dequantized at a time by `table_logits` / `table_mix` (88 MiB of bf16 rows of the
@@ -137,15 +191,16 @@ def table_logits(x_ND: jax.Array, table: QArray, chunk_rows: int = TABLE_CHUNK_R
 def table_mix(p_NV: jax.Array, table: QArray, chunk_rows: int = TABLE_CHUNK_ROWS) -> jax.Array:
   """p @ dequantize(table) ([.., V] x [V, D] -> [.., D], in p's dtype; self-conditioning's soft embeddings) summed
   over chunks of `chunk_rows` table rows, each dequantized inside a rematerialised scan step (`table_logits`). The
-  sum runs in fp32 over the chunks (each chunk's product in p's dtype)."""
+  sum runs in at least fp32 over the chunks (each chunk's product in p's dtype)."""
   chunk, n, rem = _row_chunks(table, chunk_rows)
+  sum_dtype = jnp.promote_types(p_NV.dtype, jnp.float32)
 
   @functools.partial(jax.checkpoint, static_argnums=1)
   def part(start, size):
     p_chunk = jax.lax.dynamic_slice_in_dim(p_NV, start, size, axis=-1)
-    return jnp.einsum("...v,vd->...d", p_chunk, _rows(table, start, size, p_NV.dtype)).astype(jnp.float32)
+    return jnp.einsum("...v,vd->...d", p_chunk, _rows(table, start, size, p_NV.dtype)).astype(sum_dtype)
 
-  zeros = jnp.zeros(p_NV.shape[:-1] + table.qvalue.shape[1:], jnp.float32)
+  zeros = jnp.zeros(p_NV.shape[:-1] + table.qvalue.shape[1:], sum_dtype)
   total, _ = jax.lax.scan(lambda acc, start: (acc + part(start, chunk), None), zeros,
                           jnp.arange(n, dtype=jnp.int32) * chunk)
   if rem:

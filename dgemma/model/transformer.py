@@ -226,8 +226,15 @@ class Block(nn.Module):
   def __call__(self, x_BTD, kv, ctx: _Ctx):
     ks, vs = kv
     new_ks, new_vs, auxes = [], [], []
+    # With model.remat each layer is rematerialised on its own: the backward pass recomputes one layer at a time,
+    # so one layer's dequantized weights are live at once, not the block's (the scan over blocks keeps each
+    # layer's input: [B, T, D] a layer). Packed int4 weights (dgemma/model/qarray.py PackedInt4) are unpacked
+    # where a layer reads them (qarray.with_shape_leaf: flax checks a stored weight's shape by its first leaf).
+    layer = nn.map_variables(Layer, "params", trans_in_fn=qarray.with_shape_leaf, init=True)
+    if self.cfg.remat != "none":
+      layer = nn.remat(layer, policy=_REMAT_POLICIES[self.cfg.remat], prevent_cse=False)
     for i in range(self.cfg.block_period):
-      x_BTD, new_kv, aux = Layer(self.cfg, self.cfg.layer_types[i], name=f"layer_{i}")(
+      x_BTD, new_kv, aux = layer(self.cfg, self.cfg.layer_types[i], name=f"layer_{i}")(
           x_BTD, (ks[i], vs[i]), ctx)
       if new_kv is not None:
         new_ks.append(new_kv[0])
@@ -239,7 +246,7 @@ class Block(nn.Module):
 
 
 _REMAT_POLICIES = {
-    "full": None,  # save nothing: recompute the whole block in the backward pass
+    "full": None,  # save nothing: recompute the whole layer in the backward pass
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 
@@ -319,13 +326,8 @@ class Transformer(nn.Module):
     if cfg.self_conditioning:
       self.self_conditioning = SelfConditioning(cfg)
     decoder_variants.setup(self, Layer)  # the research options' parameters (none for the released model)
-    # a layer's packed int4 weights are unpacked inside the block (and so inside its rematerialisation), one layer at
-    # a time (dgemma/model/qarray.py PackedInt4)
-    block = nn.map_variables(Block, "params", trans_in_fn=qarray.unpack_tree, init=True)
-    if cfg.remat != "none":
-      block = nn.remat(block, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
-    self.blocks = nn.scan(
-        block,
+    self.blocks = nn.scan(  # each layer rematerialised inside the block (Block)
+        Block,
         variable_axes={"params": 0},
         split_rngs={"params": True},
         in_axes=(0, nn.broadcast),

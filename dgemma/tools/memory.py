@@ -8,6 +8,9 @@
 The compiled train step instead of estimates (`--train`; docs/finetuning.md): the config's real step lowered from
 abstract shapes and compiled for one device, XLA's buffer assignment printed, `peak X GiB` last:
   python -m dgemma.tools.memory --config=configs/finetune_head_qlora.py --train --target=h100
+and of the generate program (`--sample`: a `--context`-token prompt and one canvas, `--quantize` weights):
+  python -m dgemma.tools.memory --config=configs/models/diffusiongemma_26b_a4b.py --sample --quantize=int4_experts \
+      --context=4096 --target=h100
 
 `--config` is a model preset (configs/models/*.py; the rest of the settings are configs/base.py's) or an
 experiment config. Overrides go to `--config.<field>` / `--config.model.<field>` as in dgemma.tools.model_size.
@@ -34,6 +37,7 @@ fuses elementwise chains (fewer buffers) but also keeps loop-carried copies and 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -50,7 +54,7 @@ from dgemma.diffusion import diffusion_loss
 from dgemma.errors import ConfigError
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.model.sharding import MESH_AXES
-from dgemma.sampling import SamplerConfig, as_noise, denoise_canvas
+from dgemma.sampling import SamplerConfig, as_noise, denoise_canvas, generate
 from dgemma.tools import model_size, targets
 from dgemma.train import loop
 from dgemma.train import optimizer as optimizer_lib
@@ -249,6 +253,52 @@ def compiled_memory(lowered, arguments: int) -> dict[str, int]:
   return out
 
 
+def compiled_sample_memory(settings, prompt_len: int, device=None) -> dict[str, int]:
+  """XLA's buffer assignment for the real generate program (`dgemma.sampling.generate`: the prompt encode of
+  `prompt_len` tokens and one canvas of the config's sampler, batch 1, `sample.max_context` = prompt + canvas) on the
+  weights as sample.quantize quantizes them, on one `device` (`compiled_train_memory`), compiled from abstract
+  shapes. Bytes as `compiled_memory`, with 'weights' (the quantized tree)."""
+  device = device if device is not None else jax.devices()[0]
+  mesh = jax.sharding.Mesh(np.array([device]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  cfg, qcfg, canvas = settings.model, settings.sample.quant, settings.diffusion.canvas_len
+  shapes = param_shapes(cfg)
+  if qcfg.scheme != "none":
+    shapes = jax.eval_shape(functools.partial(quant.quantize_params, qcfg=qcfg), shapes)
+  shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
+  sampler = dataclasses.replace(settings.sampler_config, max_context=prompt_len + canvas)
+  model = Transformer(cfg)
+  program = jax.jit(lambda params, prompt_BP, lengths_B: generate(
+      model, params, prompt_BP, lengths_B, sampler, jax.random.key(0), canvas).tokens_BN)
+  prompt = jax.ShapeDtypeStruct((1, prompt_len), jnp.int32, sharding=replicated)
+  lengths = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=replicated)
+  lowered = program.lower(shapes, prompt, lengths)
+  weights = quant.tree_bytes(shapes)
+  return dict(compiled_memory(lowered, arguments=weights + quant.tree_bytes((prompt, lengths))), weights=weights)
+
+
+def sample_report(settings, prompt_len: int, target: str = "host") -> str:
+  """The compiled generate program's memory plan (`compiled_sample_memory` on `targets.device(target)`), its last
+  line `peak X GiB`."""
+  device = targets.device(target)
+  m = compiled_sample_memory(settings, prompt_len, device)
+  cfg, qcfg = settings.model, settings.sample.quant
+  fmt = lambda x: f"{x / GiB:8.3f} GiB"
+  return "\n".join([
+      f"model: {cfg.preset} (d={cfg.d_model}, layers={cfg.num_layers}, vocab={cfg.vocab_size}); param_dtype "
+      f"{cfg.param_dtype}, compute {cfg.dtype}, moe_impl {cfg.moe_impl}",
+      f"generate compiled for one {device.device_kind} ({device.platform}; XLA's buffer assignment, nothing "
+      f"allocated): sample.quantize {qcfg.scheme}"
+      + (f" (int4 groups of {qcfg.group_size})" if qcfg.scheme in ("int4", "int4_experts") else "")
+      + f", a {prompt_len}-token prompt and one {settings.diffusion.canvas_len}-token canvas, batch 1",
+      f"  arguments        {fmt(m['arguments'])}   (the weights: {m['weights'] / GiB:.3f} GiB)",
+      f"  outputs          {fmt(m['outputs'])}",
+      f"  temporaries      {fmt(m['temporaries'])}   (KV cache, activations, the sampler's work)",
+      *([f"  refused by the compiler: the temporaries exceed the {m['available'] / GiB:.2f} GiB it allows a program"]
+        if m["refused"] else []),
+      f"peak {m['peak'] / GiB:.2f} GiB"])
+
+
 # XLA's TPU compiler refusing a program that does not fit (its byte counts are GiB, printed 'G')
 REFUSED = re.compile(r"HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
 
@@ -335,10 +385,15 @@ def main(argv):
     config.data.batch_size = _FLAGS["train_batch"].value
   if _FLAGS["seq_len"].value:
     config.data.seq_len = _FLAGS["seq_len"].value
-  if _FLAGS["train"].value:
+  if _FLAGS["train"].value or _FLAGS["sample"].value:
     target = _FLAGS["target"].value
     targets.use_plugins(target)  # before jax's backends start (the settings' checks start them)
-    print(train_report(settings_lib.from_config(config), target))
+    if _FLAGS["sample"].value:
+      config.sample.quantize = _FLAGS["quantize"].value
+      config.sample.quant_group_size = _FLAGS["group_size"].value
+      print(sample_report(settings_lib.from_config(config), _FLAGS["context"].value, target))
+    else:
+      print(train_report(settings_lib.from_config(config), target))
     return
   canvas = _FLAGS["canvas"].value or int(config.diffusion.canvas_len)
   print(report(config, quantize=_FLAGS["quantize"].value, group_size=_FLAGS["group_size"].value,
@@ -367,7 +422,9 @@ if __name__ == "__main__":
       seq_len=flags.DEFINE_integer("seq_len", 0, "Training row length (0 = data.seq_len)."),
       train=flags.DEFINE_bool("train", False, "Compile the config's real train step (abstract shapes, nothing "
                               "allocated) and print XLA's memory plan for it instead of the estimates."),
-      target=flags.DEFINE_enum("target", "host", list(targets.TARGETS), "--train compiles for: 'host' (this "
+      sample=flags.DEFINE_bool("sample", False, "Compile the real generate program (a --context-token prompt "
+                               "and one canvas, batch 1, --quantize weights) and print XLA's memory plan for it."),
+      target=flags.DEFINE_enum("target", "host", list(targets.TARGETS), "--train / --sample compile for: 'host' (this "
                                "machine's device) or an accelerator without one (dgemma/tools/targets.py; the plugins "
                                "make venv installs beside the environment)."),
   )

@@ -1,6 +1,8 @@
 """dgemma.model.qarray: int4 packed two to a byte, and the chunked products against a quantized table, each against
 the obvious unpacked / unchunked computation."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,9 +42,9 @@ def _table(kind, V, D, seed=1):
   g = np.random.default_rng(seed)
   if kind == "int8":
     return qarray.make(jnp.asarray(g.integers(-127, 128, (V, D)), jnp.int8),
-                       jnp.asarray(g.uniform(0.001, 0.01, (V, 1)), jnp.float64))
+                       jnp.asarray(g.uniform(0.001, 0.01, (V, 1)), jnp.result_type(float)))
   return qarray.make(jnp.asarray(g.integers(-8, 8, (V, D)), jnp.int4),
-                     jnp.asarray(g.uniform(0.01, 0.1, (V, D // 4)), jnp.float64))
+                     jnp.asarray(g.uniform(0.01, 0.1, (V, D // 4)), jnp.result_type(float)))
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
@@ -83,3 +85,27 @@ def test_a_table_shorter_than_a_chunk_is_one_chunk():
   x = jnp.asarray(np.random.default_rng(3).normal(size=(1, 2, 4)), jnp.float32)
   np.testing.assert_allclose(qarray.table_logits(x, table),
                              jnp.einsum("btd,vd->btv", x, qarray.dequantize(table, jnp.float32)), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_frozen_product_is_the_product_with_the_dequantized_weight_and_its_x_gradient(packed):
+  """float64, f = the dense MoE's in-projection shape ([T, D] x [E, D, F] -> [T, E, F]): the value and the gradient in
+  x equal those of f(x, dequantize(w)) differentiated directly (the same products, so to float64 round-off: 1e-12
+  relative to their sums of magnitudes); the frozen weight's scale gets a zero gradient."""
+  g = np.random.default_rng(4)
+  with float64():
+    q = qarray.make(jnp.asarray(g.integers(-8, 8, (3, 8, 5)), jnp.int4),
+                    jnp.asarray(g.uniform(0.5, 2.0, (3, 2, 5))))  # groups of 4 along D = 8
+    w = qarray.pack(q, -2) if packed else q
+    x = jnp.asarray(g.normal(size=(6, 8)))
+    weight = jnp.asarray(g.normal(size=(6, 3, 5)))
+    f = lambda x, W: jnp.einsum("td,edf->tef", x, W)
+    frozen = lambda x, w: jnp.sum(qarray.frozen_product(f, x, w, jnp.float64) * weight)
+    direct = lambda x: jnp.sum(f(x, qarray.dequantize(q, jnp.float64)) * weight)
+    got, want = jax.value_and_grad(frozen)(x, w), jax.value_and_grad(direct)(x)
+    d_scale = jax.grad(lambda s: frozen(x, dataclasses.replace(w, scale=s)))(w.scale)
+    got, want, d_scale = jax.tree.map(np.asarray, (got, want, d_scale))
+    bound = 1e-12 * float(np.abs(np.asarray(qarray.dequantize(q))).sum())
+  np.testing.assert_allclose(got[0], want[0], rtol=0, atol=bound * 10)
+  np.testing.assert_allclose(got[1], want[1], rtol=0, atol=bound)
+  assert np.abs(want[1]).max() > 0 and not d_scale.any()

@@ -90,10 +90,12 @@ QLORA_TINY = ("--config.finetune.mode=head_only", "--config.finetune.base_quant=
 
 
 def _qlora_tiny():
+  """tiny_test with two global layers, a QLoRA of its head on an int4_experts base, and int4_experts sampling."""
   from configs import tiny_test
   from dgemma import settings as settings_lib
   config = tiny_test.get_config()
   config.finetune.mode, config.finetune.base_quant, config.finetune.base_quant_group_size = "head_only", "int4_experts", 16
+  config.sample.quantize, config.sample.quant_group_size = "int4_experts", 16
   config.model.num_layers, config.model.layer_types = 2, ("global", "global")
   return settings_lib.from_config(config)
 
@@ -135,17 +137,19 @@ for name in ("h100", "v5e"):
   device = targets.device(name)
   plan = memory.compiled_train_memory(settings, device)
   plan["device"] = device.device_kind
+  plan["sample"] = memory.compiled_sample_memory(settings, 32, device)
   out[name] = plan
 print(json.dumps(out))
 """
 
 
-@pytest.mark.slow  # a subprocess that compiles a train step for a GPU and for a TPU
-def test_the_train_step_compiles_for_a_gpu_and_a_tpu_without_them():
-  """The same tiny QLoRA step compiled for an H100 (jax's CUDA plugin) and a TPU v5e (libtpu), neither present; the
-  plugins are found beside the environment (`make venv` installs them in .venv/cuda-plugin and .venv/tpu-plugin).
-  The GPU plan's arguments are exactly the state (its int4 experts at half a byte), the batch and the step's key;
-  the TPU's are at least that (its layouts pad small arrays to whole tiles)."""
+@pytest.mark.slow  # a subprocess that compiles a train step and generate for a GPU and for a TPU
+def test_the_train_step_and_generate_compile_for_a_gpu_and_a_tpu_without_them():
+  """The same tiny QLoRA step and int4_experts generate program (a 32-token prompt) compiled for an H100 (jax's CUDA
+  plugin) and a TPU v5e (libtpu), neither present; the plugins are found beside the environment (`make venv` installs
+  them in .venv/cuda-plugin and .venv/tpu-plugin). The GPU plans' arguments are exactly the state (its int4 experts
+  packed at half a byte), the batch and the step's key, and the quantized weights and the prompt; the TPU's are at
+  least that (its layouts pad small arrays to whole tiles)."""
   import json
   import subprocess
   import sys
@@ -164,9 +168,15 @@ def test_the_train_step_compiles_for_a_gpu_and_a_tpu_without_them():
   assert plans["h100"]["base_quantized"] == plans["v5e"]["base_quantized"] > 0
   for plan in plans.values():
     assert plan["refused"] == 0 and plan["temporaries"] > 0 and plan["peak"] >= plan["arguments"]
+  # generate: the weights as sample.quantize quantizes them (the packed experts' bytes), the prompt and its length
+  gpu, tpu = plans["h100"]["sample"], plans["v5e"]["sample"]
+  assert gpu["weights"] == tpu["weights"] < plans["h100"]["base_quantized"] + plans["h100"]["frozen_float"] + \
+      plans["h100"]["trainable"]  # the QLoRA state also holds the trained self-conditioning module's float copy
+  assert gpu["arguments"] == gpu["weights"] + 32 * 4 + 4 and tpu["arguments"] >= gpu["arguments"]
+  for plan in (gpu, tpu):
+    assert plan["refused"] == 0 and plan["outputs"] > 0 and plan["peak"] >= plan["arguments"] + plan["temporaries"]
 
 
-@pytest.mark.slow  # a subprocess that compiles a train step for a GPU
 @pytest.mark.slow  # a subprocess that compiles a train step for a GPU
 def test_train_plan_for_a_gpu_without_one():
   """`python -m dgemma.tools.memory --train --target=h100` compiles for an H100 without one (jax's CUDA plugin,
