@@ -112,12 +112,17 @@ def quantized_shapes(cfg: ModelConfig, scheme: str, group_size: int, only=None):
 def _random_tree(shapes, key):
   """Random values for a (possibly quantized) shape tree: matrices N(0, 0.02), norm / router scales and layer
   scalars U(0.8, 1.2); a QArray gets uniform values in [-qmax, qmax] and scales about those of an
-  N(0, 0.02) weight (0.06 / qmax: the largest of a group is about 3 standard deviations)."""
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, QArray))
+  N(0, 0.02) weight (0.06 / qmax: the largest of a group is about 3 standard deviations); a packed int4 weight
+  random bytes (two uniform int4 values each) with the same scales."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(
+      shapes, is_leaf=lambda x: isinstance(x, (QArray, quant.PackedInt4)))
   keys = jax.random.split(key, len(leaves))
   out = []
   for k, (path, s) in zip(keys, leaves):
-    if isinstance(s, QArray):
+    if isinstance(s, quant.PackedInt4):
+      packed = jax.random.randint(k, s.packed.shape, 0, 256, jnp.int32).astype(jnp.uint8)
+      out.append(dataclasses.replace(s, packed=packed, scale=jnp.full(s.scale.shape, 0.06 / 7, s.scale.dtype)))
+    elif isinstance(s, QArray):
       qmax = 7 if jnp.dtype(s.qvalue.dtype) == jnp.dtype(jnp.int4) else 127
       q = jax.random.randint(k, s.qvalue.shape, -qmax, qmax + 1, jnp.int8).astype(s.qvalue.dtype)
       out.append(QArray(qvalue=q, scale=jnp.full(s.scale.shape, 0.06 / qmax, s.scale.dtype)))

@@ -21,8 +21,8 @@ stacked experts [E, D, F] / [E, F, D] (contract the middle axis). Router kernels
 scales and layer scalars stay in their dtype. Stacked `blocks` leaves keep their leading 'layers' axis
 in q and scale alike, so `nn.scan` slices a `QArray` like any weight and each layer is dequantized
 inside the scanned block: full-precision weights of more than one layer never exist at once. Their int4 values
-are packed two to a byte along the group axis (`PackedInt4`, dgemma/model/qarray.py) and unpacked one layer at a
-time inside the block, so a GPU or TPU compiler never lays out a second copy of the whole stack.
+are packed two to a byte along their group axis (`PackedInt4`, dgemma/model/qarray.py) and unpacked one layer at a
+time inside each layer, so XLA's GPU compiler never lays out a second copy of the whole stack.
 
 Presets (`sample.quantize`): 'int8', 'int4' (every quantizable weight), 'int4_experts' (the stacked expert
 weights int4 in groups of `group_size`, every other quantizable weight int8 per channel: the experts are
@@ -53,8 +53,8 @@ from dgemma.model import lora, param_shapes, qarray, sharding
 from dgemma.model.qarray import PackedInt4, QArray, dequantize, is_quantized, take_rows
 
 # The quantized weight type and its helpers live beside the layers that read them (dgemma/model/qarray.py).
-__all__ = ["PackedInt4", "Plan", "QArray", "QuantConfig", "Quantizer", "SCHEMES", "check", "contracted_axes", "dequantize", "is_quantized",
-           "leaf_plan", "quantize_array", "quantize_boxed", "quantize_leaf", "quantize_params", "same_layout", "stack",
+__all__ = ["PackedInt4", "Plan", "QArray", "QuantConfig", "Quantizer", "SCHEMES", "check", "contracted_axes",
+           "dequantize", "is_quantized", "leaf_plan", "quantize_array", "quantize_boxed", "quantize_leaf", "quantize_params", "same_layout", "stack",
            "take_rows", "tree_bytes"]
 
 SCHEMES = ("none", "int8", "int4", "int4_experts")
@@ -124,8 +124,8 @@ def _num_groups(size: int, group_size: int, scheme: str, name: str, field: str =
 def quantize_array(w: jax.Array, axes: tuple[int, ...], scheme: str, group_size: int = 0,
                    name: str = "weight", packed: bool = False) -> QArray | PackedInt4:
   """Quantizes one weight over its contracted `axes` (negative); groups along the last of them; `packed` (int4
-  only): two values to a byte along that axis (`PackedInt4`). Jitted (one compile per shape and setting); `name` only
-  labels errors."""
+  only): two values to a byte along that axis (`PackedInt4`). Jitted (one compile per shape and setting);
+  `name` only labels errors."""
   ndim = w.ndim
   axes = tuple(sorted(a % ndim for a in axes))
   ax = axes[-1]

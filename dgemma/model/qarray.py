@@ -11,17 +11,17 @@ A plain array passes through every helper unchanged, so the same model code runs
 and `nn.scan` slices qvalue and scale alike along a leading 'layers' axis.
 
 `PackedInt4`: how a stacked layer weight (under `blocks`) is held in int4: two values to a byte (uint8) along its
-group axis. XLA's GPU and TPU compilers lay a stacked int4 operand out anew before the layer loop (a second copy of
-every int4 weight: 10.6 GiB for the released model's experts, docs/finetuning.md); a packed weight is unpacked one
-layer at a time inside the layer (`unpack_tree`, which each layer of the scanned block applies to its parameters
-before it reads them, inside its rematerialisation: `transformer.Block`), so that copy never exists, and the
-unpacked layer is recomputed in the backward pass rather than kept.
+group axis. XLA's GPU compiler lays a stacked int4 operand out anew before the layer loop (a second copy of every
+int4 weight: 10.6 GiB for the released model's experts, docs/finetuning.md); a byte array keeps its layout, and a
+packed weight is unpacked where a layer reads it (`dequantize`, `unpack`), inside the layer's rematerialisation, so
+neither that copy nor the unpacked stack ever exists. In a layer it carries a `like` leaf of its unpacked shape
+(`with_shape_leaf`) for flax's parameter shape check.
 """
 
 from __future__ import annotations
 
-import functools
 import dataclasses
+import functools
 from typing import Any
 
 import flax
@@ -81,12 +81,6 @@ def unpack(w: PackedInt4) -> QArray:
   nibbles = jnp.stack([p & 0xF, p >> 4], axis=-1).astype(jnp.int8)
   values = jnp.where(nibbles > 7, nibbles - 16, nibbles).reshape(p.shape[:-1] + (2 * p.shape[-1],))
   return make(jnp.moveaxis(values, -1, w.axis), w.scale)
-
-
-def unpack_tree(tree: Any) -> Any:
-  """`tree` with every PackedInt4 unpacked."""
-  return jax.tree.map(lambda x: unpack(x) if isinstance(x, PackedInt4) else x, tree,
-                      is_leaf=lambda x: isinstance(x, (PackedInt4, QArray)))
 
 
 def with_shape_leaf(tree: Any) -> Any:

@@ -424,8 +424,8 @@ if __name__ == "__main__":
                               "allocated) and print XLA's memory plan for it instead of the estimates."),
       sample=flags.DEFINE_bool("sample", False, "Compile the real generate program (a --context-token prompt "
                                "and one canvas, batch 1, --quantize weights) and print XLA's memory plan for it."),
-      target=flags.DEFINE_enum("target", "host", list(targets.TARGETS), "--train / --sample compile for: 'host' (this "
-                               "machine's device) or an accelerator without one (dgemma/tools/targets.py; the plugins "
-                               "make venv installs beside the environment)."),
+      target=flags.DEFINE_enum("target", "host", list(targets.TARGETS), "--train / --sample compile for: 'host' ("
+                               "this machine's device) or an accelerator without one (dgemma/tools/targets.py; the "
+                               "plugins make venv installs beside the environment)."),
   )
   cli.run(main, "dgemma.tools.memory")

@@ -62,7 +62,8 @@ def test_random_weights_have_the_layout_quantize_params_gives(scheme):
   assert [(x.shape, x.dtype) for x in jax.tree.leaves(made)] == [(x.shape, x.dtype) for x in jax.tree.leaves(want)]
   if scheme == "int4_experts":
     q = made["blocks"]["layer_0"]["moe"]["experts"]["gate_proj"]
-    assert q.qvalue.dtype == jax.numpy.int4 and quant.tree_bytes(made) < quant.tree_bytes(param_shapes(cfg)) / 2
+    assert isinstance(q, quant.PackedInt4) and q.packed.dtype == jax.numpy.uint8  # int4, two to a byte
+    assert quant.tree_bytes(made) < quant.tree_bytes(param_shapes(cfg)) / 2
 
 
 @pytest.mark.slow  # 19 s on 2 cores: compiles the sampler for two variants and two prompt lengths

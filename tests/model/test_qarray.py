@@ -20,7 +20,7 @@ def _int4(shape, seed=0):
   return qarray.make(values, scale)
 
 
-@pytest.mark.parametrize("shape, axis", [((3, 4, 6, 5), -2), ((3, 4, 6, 5), -3), ((2, 8, 3), -2)])
+@pytest.mark.parametrize("shape, axis", [((3, 4, 5, 6), -1), ((3, 4, 6, 5), -2), ((3, 4, 6, 5), -3), ((2, 8, 3), -2)])
 def test_packing_keeps_every_value_and_the_scale(shape, axis):
   q = _int4(shape)
   packed = qarray.pack(q, axis)
@@ -31,9 +31,11 @@ def test_packing_keeps_every_value_and_the_scale(shape, axis):
   np.testing.assert_array_equal(unpacked.scale, q.scale)
   # dequantized: the same products of the same values and scales
   np.testing.assert_array_equal(qarray.dequantize(packed), qarray.dequantize(q))
-  # unpack_tree unpacks the packed leaves only
-  tree = qarray.unpack_tree({"a": packed, "b": q, "c": jnp.ones(3)})
-  assert isinstance(tree["a"], qarray.QArray) and tree["b"] is q and tree["c"].shape == (3,)
+  # in a layer: the `like` leaf first, of the unpacked shape (flax's shape check), the rest as stored
+  tree = qarray.with_shape_leaf({"a": packed, "b": q, "c": jnp.ones(3)})
+  assert jax.tree.leaves(tree["a"])[0].shape == shape and tree["a"].packed is packed.packed
+  assert tree["b"] is q and tree["c"].shape == (3,)
+  np.testing.assert_array_equal(qarray.dequantize(tree["a"]), qarray.dequantize(q))
 
 
 def _table(kind, V, D, seed=1):

@@ -18,7 +18,7 @@ import pytest
 
 import dgemma
 from dgemma import mesh as mesh_lib
-from dgemma import report
+from dgemma import run_report
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged
@@ -137,7 +137,7 @@ def test_skip_mode_drops_nonfinite_updates_and_counts_them(tiny_config, tmp_path
   config.train.nonfinite, config.train.max_nonfinite_skips = "skip", 3
   with pytest.raises(TrainingDiverged, match=r"3 non-finite updates in a row were skipped"):
     loop.train_and_evaluate(config, str(tmp_path / "wd"))
-  records = [r for r in report.read_metrics(tmp_path / "wd") if r["split"] == "train"]
+  records = [r for r in run_report.read_metrics(tmp_path / "wd") if r["split"] == "train"]
   assert sum(r["nonfinite_skips"] for r in records) >= 2 and "nonfinite" not in records[0]
   for step in workdir_ckpt.steps(tmp_path / "wd"):
     assert _state_is_finite(tmp_path / "wd", step, config)
@@ -280,7 +280,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_resumes_exactly(quick_run, tmp
   assert 6 in workdir_ckpt.steps(wd) and 8 in workdir_ckpt.steps(wd)  # step 6 written again from step 4
   chex.assert_trees_all_equal(jax.device_get(resumed.params), quick_run.state.params)
   chex.assert_trees_all_equal(jax.device_get(resumed.opt_state), quick_run.state.opt_state)
-  rows = [r["step"] for r in report.read_metrics(wd) if r["split"] == "train"]
+  rows = [r["step"] for r in run_report.read_metrics(wd) if r["split"] == "train"]
   assert rows == list(range(1, 9))  # one train row per step, the redone steps 5 to 8 included once
 
 
@@ -300,8 +300,8 @@ def test_metrics_rows_past_the_restored_step_are_dropped_and_a_partial_line_skip
   shutil.rmtree(workdir_ckpt.step_dir(wd, 8))  # as if killed after logging step 8, before its checkpoint
   with open(wd / "metrics.jsonl", "a") as f:
     f.write('{"step": 8, "split": "train", "loss": 1.')  # the half-written line kill -9 leaves
-  assert [r["step"] for r in report.read_metrics(wd) if r["split"] == "train"] == list(range(1, 9))  # skipped
+  assert [r["step"] for r in run_report.read_metrics(wd) if r["split"] == "train"] == list(range(1, 9))  # skipped
   loop.train_and_evaluate(quick_run.new_config(), str(wd))  # resumes from step 6
-  rows = [r["step"] for r in report.read_metrics(wd) if r["split"] == "train"]
+  rows = [r["step"] for r in run_report.read_metrics(wd) if r["split"] == "train"]
   assert rows == list(range(1, 9))
   assert all(line.endswith("}") for line in (wd / "metrics.jsonl").read_text().splitlines())
