@@ -11,6 +11,8 @@ abstract shapes and compiled for one device, XLA's buffer assignment printed, `p
 and of the generate program (`--sample`: a `--context`-token prompt and one canvas, `--quantize` weights):
   python -m dgemma.tools.memory --config=configs/models/diffusiongemma_26b_a4b.py --sample --quantize=int4_experts \
       --context=4096 --target=h100
+and both for each card a researcher may have (`--fits`: a 24 GB, a 40 GB and an 80 GB GPU, TPU v5e-1 and v6e-1):
+  python -m dgemma.tools.memory --config=configs/finetune_head_qlora.py --fits --quantize=int4_experts --context=4096
 
 `--config` is a model preset (configs/models/*.py; the rest of the settings are configs/base.py's) or an
 experiment config. Overrides go to `--config.<field>` / `--config.model.<field>` as in dgemma.tools.model_size.
@@ -299,6 +301,42 @@ def sample_report(settings, prompt_len: int, target: str = "host") -> str:
       f"peak {m['peak'] / GiB:.2f} GiB"])
 
 
+# The cards `--fits` plans for: a 24 GB GPU (sm_89), a 40 GB and an 80 GB one, Colab's two one-chip TPUs
+FITS_TARGETS = ("rtx4090", "a100_40gb", "h100", "v5e", "v6e")
+
+
+def fits(settings, prompt_len: int, names: tuple[str, ...] = FITS_TARGETS) -> dict[str, dict]:
+  """For each target in `names`: the config's train step (`compiled_train_memory`) and its generate program at a
+  `prompt_len`-token prompt (`compiled_sample_memory`), each compiled for that target, and whether each fits: not
+  refused and its peak within the target's memory (`targets.Target.memory`)."""
+  out = {}
+  for name in names:
+    device, memory = targets.device(name), targets.get(name).memory
+    plans = dict(train=compiled_train_memory(settings, device), sample=compiled_sample_memory(settings, prompt_len,
+                                                                                             device))
+    out[name] = dict(device=device.device_kind, memory=memory, **plans,
+                     **{f"{k}_fits": not p["refused"] and p["peak"] <= memory for k, p in plans.items()})
+  return out
+
+
+def fits_report(settings, prompt_len: int, table: dict[str, dict]) -> str:
+  """A `fits` table as a researcher reads it first: per target, the train step's and the generate program's peak
+  and whether each fits."""
+  cfg, ft, qcfg = settings.model, settings.finetune, settings.sample.quant
+  cell = lambda t, k: (f"{t[k]['peak'] / GiB:6.2f} GiB " + ("fits" if t[f"{k}_fits"] else
+                       "refused" if t[k]["refused"] else "too big")).ljust(22)
+  lines = [f"model: {cfg.preset} (layers={cfg.num_layers}, d={cfg.d_model}); plans compiled for each target, "
+           "nothing allocated",
+           f"train: finetune.mode {ft.mode}, base_quant {ft.base_quant}, {settings.data.seq_len}-token rows, "
+           f"{settings.data.batch_size // settings.opt.grad_accum_steps} per micro-batch; sample: sample.quantize "
+           f"{qcfg.scheme}, a {prompt_len}-token prompt and one {settings.diffusion.canvas_len}-token canvas",
+           f"{'target':28s}{'memory':>10s}   {'train step':22s}{'sample':22s}"]
+  for name, t in table.items():
+    lines.append(f"{name + ' (' + t['device'] + ')':28.28s}{t['memory'] / GiB:7.2f} GiB   {cell(t, 'train')}"
+                 f"{cell(t, 'sample')}")
+  return "\n".join(lines)
+
+
 # XLA's TPU compiler refusing a program that does not fit (its byte counts are GiB, printed 'G')
 REFUSED = re.compile(r"HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
 
@@ -385,12 +423,16 @@ def main(argv):
     config.data.batch_size = _FLAGS["train_batch"].value
   if _FLAGS["seq_len"].value:
     config.data.seq_len = _FLAGS["seq_len"].value
-  if _FLAGS["train"].value or _FLAGS["sample"].value:
-    target = _FLAGS["target"].value
-    targets.use_plugins(target)  # before jax's backends start (the settings' checks start them)
-    if _FLAGS["sample"].value:
+  if _FLAGS["train"].value or _FLAGS["sample"].value or _FLAGS["fits"].value:
+    target = "" if _FLAGS["fits"].value else _FLAGS["target"].value
+    targets.use_plugins(target)  # before jax's backends start (the settings' checks start them); "": both plugins
+    if _FLAGS["sample"].value or _FLAGS["fits"].value:
       config.sample.quantize = _FLAGS["quantize"].value
       config.sample.quant_group_size = _FLAGS["group_size"].value
+    if _FLAGS["fits"].value:
+      settings = settings_lib.from_config(config)
+      print(fits_report(settings, _FLAGS["context"].value, fits(settings, _FLAGS["context"].value)))
+    elif _FLAGS["sample"].value:
       print(sample_report(settings_lib.from_config(config), _FLAGS["context"].value, target))
     else:
       print(train_report(settings_lib.from_config(config), target))
@@ -424,6 +466,9 @@ if __name__ == "__main__":
                               "allocated) and print XLA's memory plan for it instead of the estimates."),
       sample=flags.DEFINE_bool("sample", False, "Compile the real generate program (a --context-token prompt "
                                "and one canvas, batch 1, --quantize weights) and print XLA's memory plan for it."),
+      fits=flags.DEFINE_bool("fits", False, "For each card of FITS_TARGETS (a 24 GB, a 40 GB and an 80 GB GPU, TPU "
+                             "v5e-1, v6e-1): the config's train step and its generate program (--quantize, --context) "
+                             "compiled for it, and whether each fits."),
       target=flags.DEFINE_enum("target", "host", list(targets.TARGETS), "--train / --sample compile for: 'host' ("
                                "this machine's device) or an accelerator without one (dgemma/tools/targets.py; the "
                                "plugins make venv installs beside the environment)."),

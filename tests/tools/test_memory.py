@@ -132,24 +132,19 @@ from dgemma.tools import memory
 sys.path.insert(0, sys.argv[1])
 from tests.tools.test_memory import _qlora_tiny
 settings = _qlora_tiny()
-out = {}
-for name in ("h100", "v5e"):
-  device = targets.device(name)
-  plan = memory.compiled_train_memory(settings, device)
-  plan["device"] = device.device_kind
-  plan["sample"] = memory.compiled_sample_memory(settings, 32, device)
-  out[name] = plan
-print(json.dumps(out))
+table = memory.fits(settings, 32, ("h100", "v5e"))
+print(memory.fits_report(settings, 32, table))
+print(json.dumps(table))
 """
 
 
 @pytest.mark.slow  # a subprocess that compiles a train step and generate for a GPU and for a TPU
 def test_the_train_step_and_generate_compile_for_a_gpu_and_a_tpu_without_them():
   """The same tiny QLoRA step and int4_experts generate program (a 32-token prompt) compiled for an H100 (jax's CUDA
-  plugin) and a TPU v5e (libtpu), neither present; the plugins are found beside the environment (`make venv` installs
-  them in .venv/cuda-plugin and .venv/tpu-plugin). The GPU plans' arguments are exactly the state (its int4 experts
-  packed at half a byte), the batch and the step's key, and the quantized weights and the prompt; the TPU's are at
-  least that (its layouts pad small arrays to whole tiles)."""
+  plugin) and a TPU v5e (libtpu), neither present, as `--fits` tabulates them; the plugins are found beside the
+  environment (`make venv` installs them in .venv/cuda-plugin and .venv/tpu-plugin). The GPU plans' arguments are
+  exactly the state (its int4 experts packed at half a byte), the batch and the step's key, and the quantized weights
+  and the prompt; the TPU's are at least that (its layouts pad small arrays to whole tiles)."""
   import json
   import subprocess
   import sys
@@ -160,7 +155,13 @@ def test_the_train_step_and_generate_compile_for_a_gpu_and_a_tpu_without_them():
   out = subprocess.run([sys.executable, "-c", _ON_TARGETS, str(repo)], cwd=repo, capture_output=True, text=True,
                        timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]
-  plans = json.loads(out.stdout.strip().splitlines()[-1])
+  lines = out.stdout.strip().splitlines()
+  table = json.loads(lines[-1])
+  plans = {name: dict(t["train"], device=t["device"], sample=t["sample"]) for name, t in table.items()}
+  # the --fits table: both plans fit both cards (a tiny model), one line per target
+  assert all(t["train_fits"] and t["sample_fits"] for t in table.values())
+  rows = [line for line in lines[:-1] if line.startswith(("h100 ", "v5e "))]
+  assert len(rows) == 2 and all(row.count(" fits") == 2 for row in rows), lines
   exact = plans["h100"]["base_quantized"] + plans["h100"]["frozen_float"] + plans["h100"]["trainable"] + \
       plans["h100"]["opt_state"] + plans["h100"]["batch"] + 4 + 8  # + the step counter and the uint32[2] key
   assert plans["h100"]["device"] == "NVIDIA H100 80GB HBM3" and plans["v5e"]["device"] == "TPU v5 lite"
