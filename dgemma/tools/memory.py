@@ -330,10 +330,10 @@ def fits_report(settings, prompt_len: int, table: dict[str, dict]) -> str:
            f"train: finetune.mode {ft.mode}, base_quant {ft.base_quant}, {settings.data.seq_len}-token rows, "
            f"{settings.data.batch_size // settings.opt.grad_accum_steps} per micro-batch; sample: sample.quantize "
            f"{qcfg.scheme}, a {prompt_len}-token prompt and one {settings.diffusion.canvas_len}-token canvas",
-           f"{'target':28s}{'memory':>10s}   {'train step':22s}{'sample':22s}"]
+           f"{'target':40s}{'memory':>10s}   {'train step':22s}sample"]
   for name, t in table.items():
-    lines.append(f"{name + ' (' + t['device'] + ')':28.28s}{t['memory'] / GiB:7.2f} GiB   {cell(t, 'train')}"
-                 f"{cell(t, 'sample')}")
+    lines.append(f"{name + ' (' + t['device'] + ')':40.40s}{t['memory'] / GiB:7.2f} GiB   {cell(t, 'train')}"
+                 f"{cell(t, 'sample')}".rstrip())
   return "\n".join(lines)
 
 
