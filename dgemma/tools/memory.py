@@ -426,6 +426,8 @@ def main(argv):
   if _FLAGS["train"].value or _FLAGS["sample"].value or _FLAGS["fits"].value:
     target = "" if _FLAGS["fits"].value else _FLAGS["target"].value
     targets.use_plugins(target)  # before jax's backends start (the settings' checks start them); "": both plugins
+    if target != "host":  # a program for a device this machine lacks cannot be loaded from JAX's persistent cache
+      jax.config.update("jax_enable_compilation_cache", False)
     if _FLAGS["sample"].value or _FLAGS["fits"].value:
       config.sample.quantize = _FLAGS["quantize"].value
       config.sample.quant_group_size = _FLAGS["group_size"].value
