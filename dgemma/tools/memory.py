@@ -205,6 +205,12 @@ def training_estimate(config, sizes: dict[str, int]) -> dict[str, int]:
 
 # ---- the compiled train step ----------------------------------------------------------------------
 
+def one_device_mesh(device=None) -> jax.sharding.Mesh:
+  """The mesh of one `device` (default: this host's first) a plan compiles on: every axis of size 1."""
+  device = device if device is not None else jax.devices()[0]
+  return jax.sharding.Mesh(np.array([device]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
+
+
 def compiled_train_memory(settings, device=None) -> dict[str, int]:
   """XLA's buffer assignment for the run's real train step (`dgemma.train.loop.run_programs`: the state, the
   batch of data.batch_size x data.seq_len rows in micro-batches of opt.grad_accum_steps, the optimizer, the
@@ -213,8 +219,7 @@ def compiled_train_memory(settings, device=None) -> dict[str, int]:
   'frozen_float', 'trainable', 'opt_state', 'batch'), 'outputs', 'aliased' (outputs written into the donated
   state), 'temporaries', 'peak' (arguments + outputs - aliased + temporaries, or XLA's own peak when it reports a
   larger one)."""
-  device = device if device is not None else jax.devices()[0]
-  mesh = jax.sharding.Mesh(np.array([device]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
+  mesh = one_device_mesh(device)
   programs = loop.run_programs(settings, mesh)
   state = programs.abstract_state
   sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
@@ -260,8 +265,7 @@ def compiled_sample_memory(settings, prompt_len: int, device=None) -> dict[str, 
   `prompt_len` tokens and one canvas of the config's sampler, batch 1, `sample.max_context` = prompt + canvas) on the
   weights as sample.quantize quantizes them, on one `device` (`compiled_train_memory`), compiled from abstract
   shapes. Bytes as `compiled_memory`, with 'weights' (the quantized tree)."""
-  device = device if device is not None else jax.devices()[0]
-  mesh = jax.sharding.Mesh(np.array([device]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
+  mesh = one_device_mesh(device)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   cfg, qcfg, canvas = settings.model, settings.sample.quant, settings.diffusion.canvas_len
   shapes = param_shapes(cfg)

@@ -107,8 +107,7 @@ def test_compiled_train_memory_counts_the_quantized_state_it_is_given():
   report ends with `peak X GiB`."""
   settings = _qlora_tiny()
   plan = memory.compiled_train_memory(settings)
-  state = memory.loop.run_programs(settings, memory.jax.sharding.Mesh(
-      np.array(jax.devices()[:1]).reshape(1, 1, 1, 1), ("data", "fsdp", "expert", "tensor"))).abstract_state
+  state = memory.loop.run_programs(settings, memory.one_device_mesh()).abstract_state
   rows = settings.data.batch_size * settings.data.seq_len * 4  # tokens, segment_ids, positions: int32
   assert plan["batch"] == 3 * rows
   assert plan["arguments"] == quant.tree_bytes(state) + 3 * rows + 8  # + the uint32[2] key
