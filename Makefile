@@ -31,10 +31,10 @@ demo: venv data
 	$(PY) -m dgemma.tools.report --workdir=$(DEMO_WORKDIR) --out=$(REPORT)
 
 test: venv  # everything, the slow tier included (what CI runs)
-	$(PY) -m pytest -q -n 2 --durations=20 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20 tests
 
 test-fast: venv  # the edit loop: no subprocesses, 8-device runs, notebooks or torch parity (tests/conftest.py)
-	$(PY) -m pytest -q -n 2 -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 bench: venv  # the CPU benchmarks of docs/benchmarks.md (bench/gpu_full_model.py needs a GPU)
 	$(PY) bench/train_throughput.py --config=configs/demo.py

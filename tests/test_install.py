@@ -40,7 +40,7 @@ def test_declared_ranges_hold_the_lock_and_pin_nothing():
     assert name in locked, f"{req.name} is declared but not locked in requirements.txt"
     assert req.specifier.contains(locked[name]), f"{req.name}=={locked[name]} (the lock) is outside {req.specifier}"
   extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-  assert {"cuda13", "tpu"} <= set(extras)
+  assert {"cuda13", "tpu", "lm_eval"} <= set(extras)
   for extra in ("cuda13", "tpu"):
     (jax_req,) = [Requirement(r) for r in extras[extra]]
     assert jax_req.name == "jax" and extra in jax_req.extras and jax_req.specifier.contains(locked["jax"])

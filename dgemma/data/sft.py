@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -119,6 +120,29 @@ def render_turns(tokenizer: tokenizers.Tokenizer, turns) -> list[int]:
       ids += [special[0]] + tokenizer.encode(body)
       if content is not None:
         ids += [special[1]] + tokenizer.encode("\n")
+  return ids
+
+
+def render_text(turns, add_generation_prompt: bool = True) -> str:
+  """The text of `render_turns` without BOS ([role, content] pairs, roles as Gemma 4 names them), with the
+  model's turn opened when add_generation_prompt: a chat prompt as a string (lm-eval's chat templates)."""
+  text = "".join(f"{TURN_START}{role}\n{content}{TURN_END}\n" for role, content in turns)
+  return text + (f"{TURN_START}{MODEL_ROLE}\n" if add_generation_prompt else "")
+
+
+def encode_turn_text(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
+  """The ids of text that may hold turn markers (`render_text`'s output): each marker as its piece when the
+  tokenizer has it, the text between encoded as plain text, so BOS + this equals `render_turns` of the same
+  turns; without the pieces, the whole text encoded as plain text (what `render_turns` does then too)."""
+  special = tokenizers.chat_turn_ids(tokenizer)
+  if special is None or (TURN_START not in text and TURN_END not in text):
+    return tokenizer.encode(text)
+  ids = []
+  for piece in re.split(f"({re.escape(TURN_START)}|{re.escape(TURN_END)})", text):
+    if piece in (TURN_START, TURN_END):
+      ids.append(special[piece == TURN_END])
+    elif piece:
+      ids += tokenizer.encode(piece)
   return ids
 
 

@@ -115,13 +115,15 @@ class Rows:
     return parts, doc, can
 
 
-def block_rows(docs: Sequence[np.ndarray], canvas_len: int, context_len: int, pad_id: int) -> Rows:
-  """Canvas k of a document covers tokens [1 + k C, 1 + (k + 1) C) (token 0 is BOS) and is conditioned on
-  the (at most context_len) tokens before it, placed at the end of the context part of the row."""
+def block_rows(docs: Sequence[np.ndarray], canvas_len: int, context_len: int, pad_id: int,
+               starts: Sequence[int] | None = None) -> Rows:
+  """Canvas k of a document covers tokens [s + k C, s + (k + 1) C), s = starts[d] (default 1: everything after
+  BOS; a continuation's first token when scoring it given its context), and is conditioned on the (at most
+  context_len) tokens before it, placed at the end of the context part of the row."""
   C, K = canvas_len, context_len
   toks, segs, poss, doc_ids, canvas_ids = [], [], [], [], []
   for d, tokens in enumerate(docs):
-    for k, s in enumerate(range(1, len(tokens), C)):
+    for k, s in enumerate(range(1 if starts is None else starts[d], len(tokens), C)):
       ctx = tokens[max(0, s - K):s]
       canvas = tokens[s:s + C]
       row = np.full((K + C,), pad_id, np.int32)
@@ -213,17 +215,24 @@ def _diffusion_batch(params, rows, doc_B, canvas_B, seed, *, model_cfg: ModelCon
 
 
 @functools.partial(sharding.jit_with_axis_rules, static_argnames=("model_cfg",))
-def causal_nll(params, rows, target_weights_BL, *, model_cfg: ModelConfig):
-  """Exact NLL (nats) per row of the tokens at positions j >= 1 with target_weights_BL[:, j] != 0, each
-  predicted by the causal encoder from everything before it in the row (AR checkpoints, and the
-  reference model of eval/samples.py)."""
+def causal_scores(params, rows, target_weights_BL, *, model_cfg: ModelConfig):
+  """(exact NLL in nats [B], greedy [B]) per row of the tokens at positions j >= 1 with target_weights_BL[:, j]
+  != 0, each predicted by the causal encoder from everything before it in the row (AR checkpoints, and the
+  reference model of eval/samples.py); greedy: every such token is its prediction's argmax."""
   model = Transformer(model_cfg)
   batch, length = rows["tokens"].shape
   cache = init_cache(model_cfg, batch, length, dtype=jnp.dtype(model_cfg.dtype))
   logits_BLV, _ = model.apply({"params": params}, rows["tokens"], rows["positions"], rows["segment_ids"], cache,
                               return_logits=True, method=Transformer.encode)
-  ce_BT = objectives.cross_entropy(logits_BLV[:, :-1], rows["tokens"][:, 1:])
-  return jnp.sum(ce_BT * target_weights_BL[:, 1:].astype(jnp.float32), axis=-1)
+  targets_BT, weights_BT = rows["tokens"][:, 1:], target_weights_BL[:, 1:] != 0
+  ce_BT = objectives.cross_entropy(logits_BLV[:, :-1], targets_BT)
+  greedy_BT = jnp.argmax(logits_BLV[:, :-1], axis=-1) == targets_BT
+  return jnp.sum(ce_BT * weights_BT.astype(jnp.float32), axis=-1), jnp.all(greedy_BT | ~weights_BT, axis=-1)
+
+
+def causal_nll(params, rows, target_weights_BL, *, model_cfg: ModelConfig):
+  """The exact NLL of `causal_scores`."""
+  return causal_scores(params, rows, target_weights_BL, model_cfg=model_cfg)[0]
 
 
 # ---- whole evaluation ----------------------------------------------------------------------------
@@ -282,6 +291,57 @@ def check_request(model_cfg: ModelConfig, *, context_len: int, canvas_len: int, 
                       "eval.batch_size")
 
 
+def context_length(ev, *, seq_len: int, canvas_len: int) -> int:
+  """The clean tokens a canvas is conditioned on: eval.context_len, or the training context (seq_len minus the
+  canvas) when it is 0."""
+  context_len = ev.context_len or seq_len - canvas_len
+  if context_len <= 0:
+    raise ConfigError(f"eval.context_len: must be > 0, got {context_len}")
+  return context_len
+
+
+def canvas_scores(params, model_cfg: ModelConfig, diffusion, ev, rows: Rows, *, context_len: int,
+                  key_ids: np.ndarray | None = None, on_batch: Callable | None = None) -> dict[str, np.ndarray]:
+  """Per row of `rows` (one canvas each), in eval.batch_size batches of one compiled shape:
+  nats: the canvas's bound (diffusion) or exact NLL (AR); tokens: its scored tokens; mc_se: the Monte-Carlo
+  standard error of its bound over the eval.num_t_samples times (std / sqrt(M), conservative: the antithetic
+  times are stratified, which this ignores; 0 for an AR model, nan for M = 1); reconstruction: its
+  reconstruction term (diffusion); greedy: every token the argmax of its causal prediction (AR; False for a
+  diffusion model, where greedy decoding is not a property of a canvas: eval/lm_eval.py).
+
+  key_ids: the id each row's noise is keyed by with its canvas index (default: its document index). Rows
+  given the same id and canvas index see the same times and noise positions (common random numbers: the
+  choices of one question, scored with one id, differ only by their tokens). on_batch(rows done, rows): called
+  after each batch (a progress bar)."""
+  canvas_len = diffusion.canvas_len
+  objective = objectives.get(diffusion.objective)
+  keyed = rows if key_ids is None else dataclasses.replace(rows, doc_index=np.asarray(key_ids, np.int32))
+  nats, mc_se, recon, greedy, tokens = [], [], [], [], []
+  for i in range(0, len(rows), ev.batch_size):
+    batch, doc_B, canvas_B = keyed.batch(i, ev.batch_size)
+    n = min(ev.batch_size, len(rows) - i)
+    tokens.append((batch["segment_ids"][:n, -canvas_len:] != 0).sum(-1))
+    if objective.autoregressive:
+      canvas_w_BL = (batch["segment_ids"] != 0) & (np.arange(batch["tokens"].shape[1]) >= context_len)
+      nll_B, greedy_B = jax.device_get(causal_scores(params, batch, canvas_w_BL, model_cfg=model_cfg))
+      nats.append(np.asarray(nll_B)[:n]), greedy.append(np.asarray(greedy_B)[:n])
+      mc_se.append(np.zeros((n,))), recon.append(np.zeros((n,)))
+    else:
+      integrand_BM, recon_B = jax.device_get(_diffusion_batch(
+          params, batch, doc_B, canvas_B, np.int32(ev.seed), model_cfg=model_cfg, loss_cfg=diffusion,
+          num_t=ev.num_t_samples, self_conditioning=bool(ev.self_conditioning)))
+      nats.append(canvas_estimate(integrand_BM, recon_B, diffusion.t_eps)[:n])
+      M = integrand_BM.shape[-1]
+      se_B = ((1.0 - diffusion.t_eps) * np.std(np.asarray(integrand_BM, np.float64), axis=-1, ddof=1) / np.sqrt(M)
+              if M > 1 else np.full((len(recon_B),), np.nan))
+      mc_se.append(se_B[:n]), recon.append(np.asarray(recon_B)[:n]), greedy.append(np.zeros((n,), bool))
+    if on_batch is not None:
+      on_batch(min(i + ev.batch_size, len(rows)), len(rows))
+  cat = lambda xs, dtype: np.concatenate(xs) if xs else np.zeros((0,), dtype)
+  return {"nats": cat(nats, np.float64), "tokens": cat(tokens, np.int64), "mc_se": cat(mc_se, np.float64),
+          "reconstruction": cat(recon, np.float64), "greedy": cat(greedy, bool)}
+
+
 def score_documents(params, model_cfg: ModelConfig, diffusion, ev, docs: Sequence[Document], *, seq_len: int,
                     pad_id: int, max_positions: int, log=None) -> dict:
   """The bound (diffusion) or exact NLL (AR) of `docs` (module docstring).
@@ -290,9 +350,7 @@ def score_documents(params, model_cfg: ModelConfig, diffusion, ev, docs: Sequenc
   (context_len, num_t_samples, batch_size, self_conditioning, seed); seq_len: the training row length
   (the default context is seq_len - canvas_len)."""
   canvas_len = diffusion.canvas_len
-  context_len = ev.context_len or seq_len - canvas_len
-  if context_len <= 0:
-    raise ConfigError(f"eval.context_len: must be > 0, got {context_len}")
+  context_len = context_length(ev, seq_len=seq_len, canvas_len=canvas_len)
   if not docs:
     raise ConfigError("eval.data: no documents to score")
   check_request(model_cfg, context_len=context_len, canvas_len=canvas_len, batch_size=ev.batch_size,
@@ -300,23 +358,9 @@ def score_documents(params, model_cfg: ModelConfig, diffusion, ev, docs: Sequenc
   rows = block_rows([d.tokens for d in docs], canvas_len, context_len, pad_id)
   objective = objectives.get(diffusion.objective)
   start = time.perf_counter()
-  nats, recon, tokens = [], [], []
-  for i in range(0, len(rows), ev.batch_size):
-    batch, doc_B, canvas_B = rows.batch(i, ev.batch_size)
-    n = min(ev.batch_size, len(rows) - i)
-    tokens.append((batch["segment_ids"][:n, -canvas_len:] != 0).sum(-1))
-    if objective.autoregressive:
-      canvas_w_BL = (batch["segment_ids"] != 0) & (np.arange(batch["tokens"].shape[1]) >= context_len)
-      nats.append(np.asarray(causal_nll(params, batch, canvas_w_BL, model_cfg=model_cfg))[:n])
-    else:
-      integrand_BM, recon_B = jax.device_get(_diffusion_batch(
-          params, batch, doc_B, canvas_B, np.int32(ev.seed), model_cfg=model_cfg, loss_cfg=diffusion,
-          num_t=ev.num_t_samples, self_conditioning=bool(ev.self_conditioning)))
-      nats.append(canvas_estimate(integrand_BM, recon_B, diffusion.t_eps)[:n])
-      recon.append(np.asarray(recon_B)[:n])
-    if log is not None:
-      log(f"  {min(i + ev.batch_size, len(rows))}/{len(rows)} canvases")
-  nats_R, tokens_R = np.concatenate(nats), np.concatenate(tokens)
+  on_batch = None if log is None else lambda done, total: log(f"  {done}/{total} canvases")
+  scores = canvas_scores(params, model_cfg, diffusion, ev, rows, context_len=context_len, on_batch=on_batch)
+  nats_R, tokens_R = scores["nats"], scores["tokens"]
   out = {"objective": objective.name, "measure": "exact_nll" if objective.autoregressive else "nelbo_bound",
          "documents": len(docs), "complete_documents": sum(d.complete for d in docs), "canvases": len(rows),
          "canvas_len": canvas_len, "context_len": context_len}
@@ -324,6 +368,6 @@ def score_documents(params, model_cfg: ModelConfig, diffusion, ev, docs: Sequenc
   out["uniform_nats_per_token"] = math.log(model_cfg.vocab_size)  # a model that knows nothing: log V
   if not objective.autoregressive:
     out.update(num_t_samples=ev.num_t_samples, t_eps=diffusion.t_eps,
-               reconstruction_nats_per_token=float(np.sum(np.concatenate(recon)) / np.sum(tokens_R)))
+               reconstruction_nats_per_token=float(np.sum(scores["reconstruction"]) / np.sum(tokens_R)))
   out["wall_s"] = time.perf_counter() - start
   return out

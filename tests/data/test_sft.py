@@ -87,6 +87,18 @@ def test_chat_rendering_gemma_special_ids_and_plain_text(tmp_path):
   assert response == enc("hi 7") and sft.end_id(gemma) == end
 
 
+def test_chat_text_encodes_to_the_rendered_ids(tmp_path):
+  """A chat prompt as text (render_text: lm-eval's chat template) encodes, BOS added, to the ids render_turns
+  gives the same turns: the markers as their pieces (Gemma-like tokenizer) or as plain text (bytes)."""
+  turns = [["system", "be brief"], ["user", "hello"], ["model", "hi 7"], ["user", "and you"]]
+  for tok in (tokenizers.ByteTokenizer(), _gemma_like_tokenizer(tmp_path)):
+    text = sft.render_text(turns)
+    assert [tok.bos_id] + sft.encode_turn_text(tok, text) == sft.render_turns(tok, turns)
+    assert sft.render_text(turns, add_generation_prompt=False) + "<|turn>model\n" == text
+  gemma = _gemma_like_tokenizer(tmp_path)
+  assert sft.encode_turn_text(gemma, "no markers here") == gemma.encode("no markers here")
+
+
 def test_jsonl_records_and_errors(tmp_path):
   path = tmp_path / "d.jsonl"
   path.write_text(json.dumps({"q": "2+2?", "a": "4"}) + "\n\n" + json.dumps({"chat": [
