@@ -17,6 +17,7 @@ largest M at seed 0. Times: seconds per loglikelihood request (one choice) at ea
 request (--gen_tokens new tokens, the run's sampler), after a first call that compiles. Prints one JSON object.
 """
 
+import argparse
 import json
 import random
 import sys
@@ -27,22 +28,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np
-from absl import app, flags
 
 from bench.timing import host_cpu
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "A trained run (or any checkpoint dgemma.load takes).",
-                                  required=True)
-_TEXT = flags.DEFINE_string("text", "", "A .txt file of held-out lines (default: the run's validation split).")
-_QUESTIONS = flags.DEFINE_integer("questions", 100, "Questions in the task.")
-_ANSWER_WORDS = flags.DEFINE_integer("answer_words", 4, "Words in each ending.")
-_DISTRACTORS = flags.DEFINE_enum("distractors", "scrambled", ["scrambled", "other_lines"],
-                                 "Wrong endings: the true one with each word's inner letters shuffled, or other lines'.")
-_SEEDS = flags.DEFINE_integer("seeds", 5, "Noise seeds (eval.seed) per number of samples.")
-_SAMPLES = flags.DEFINE_list("samples", ["8", "32", "128"], "Numbers of time samples (eval.num_t_samples).")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "Canvases per likelihood batch.")
-_GEN_TOKENS = flags.DEFINE_integer("gen_tokens", 32, "New tokens per timed generate_until request.")
-_OUT = flags.DEFINE_string("out", "", "Also write the JSON here.")
+def parse_args(argv=None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--checkpoint", required=True, help="a trained run (or any checkpoint dgemma.load takes)")
+  parser.add_argument("--text", default="", help="a .txt file of held-out lines (default: the run's validation split)")
+  parser.add_argument("--questions", type=int, default=100, help="questions in the task")
+  parser.add_argument("--answer_words", type=int, default=4, help="words in each ending")
+  parser.add_argument("--distractors", choices=["scrambled", "other_lines"], default="scrambled",
+                      help="wrong endings: the true one with each word's inner letters shuffled, or other lines'")
+  parser.add_argument("--seeds", type=int, default=5, help="noise seeds (eval.seed) per number of samples")
+  parser.add_argument("--samples", default="8,32,128", help="numbers of time samples (eval.num_t_samples)")
+  parser.add_argument("--batch_size", type=int, default=32, help="canvases per likelihood batch")
+  parser.add_argument("--gen_tokens", type=int, default=32, help="new tokens per timed generate_until request")
+  parser.add_argument("--out", default="", help="also write the JSON here")
+  return parser.parse_args(argv)
 
 
 def scramble(word: str, rnd: random.Random) -> str:
@@ -108,27 +110,27 @@ def picks(lm, questions: list[dict], common: bool) -> np.ndarray:
   return np.argmax(logprobs, axis=1)
 
 
-def main(argv):
-  del argv
+def main(argv=None):
+  args = parse_args(argv)
   import dgemma
   from eval import likelihood as likelihood_cli
   from eval.lm_eval import dgemma_lm
   from lm_eval.api.instance import Instance
-  model = dgemma.load(_CHECKPOINT.value)
-  lines = [line for doc in likelihood_cli.read_texts(model.settings, _TEXT.value or model.settings.eval.split)
+  model = dgemma.load(args.checkpoint)
+  lines = [line for doc in likelihood_cli.read_texts(model.settings, args.text or model.settings.eval.split)
            for line in doc.splitlines()]
-  questions = make_questions(lines, _QUESTIONS.value, _ANSWER_WORDS.value, distractors=_DISTRACTORS.value)
+  questions = make_questions(lines, args.questions, args.answer_words, distractors=args.distractors)
   labels = np.asarray([q["label"] for q in questions])
-  samples = [int(m) for m in _SAMPLES.value]
-  out = {"checkpoint": _CHECKPOINT.value, "host": host_cpu(), "questions": len(questions), "choices": 4,
-         "distractors": _DISTRACTORS.value, "chance": 0.25, "seeds": _SEEDS.value, "accuracy": {}, "agreement_with_largest_m": {},
+  samples = [int(m) for m in args.samples.split(',')]
+  out = {"checkpoint": args.checkpoint, "host": host_cpu(), "questions": len(questions), "choices": 4,
+         "distractors": args.distractors, "chance": 0.25, "seeds": args.seeds, "accuracy": {}, "agreement_with_largest_m": {},
          "s_per_loglikelihood_request": {}}
   reference = None
   for m in sorted(samples, reverse=True):
     for mode in ("common", "independent"):
       accs, agree = [], []
-      for seed in range(_SEEDS.value):
-        lm = dgemma_lm(model=model, num_t_samples=m, batch_size=_BATCH.value, seed=seed)
+      for seed in range(args.seeds):
+        lm = dgemma_lm(model=model, num_t_samples=m, batch_size=args.batch_size, seed=seed)
         start = time.perf_counter()
         got = picks(lm, questions, common=mode == "common")
         wall = time.perf_counter() - start
@@ -144,10 +146,10 @@ def main(argv):
       out["agreement_with_largest_m"].setdefault(mode, {})[m] = float(np.mean(agree))
       print(f"M={m} {mode}: accuracy {out['accuracy'][mode][m]}, agreement {out['agreement_with_largest_m'][mode][m]:.3f}",
             flush=True)
-  lm = dgemma_lm(model=model, batch_size=_BATCH.value)
+  lm = dgemma_lm(model=model, batch_size=args.batch_size)
   reqs = [Instance(request_type="generate_until", doc={}, idx=0,
-                   arguments=(q["context"], {"until": ["\n"], "max_gen_toks": _GEN_TOKENS.value}))
-          for q in questions[:_BATCH.value]]
+                   arguments=(q["context"], {"until": ["\n"], "max_gen_toks": args.gen_tokens}))
+          for q in questions[:args.batch_size]]
   lm.generate_until(reqs, disable_tqdm=True)  # compiles
   start = time.perf_counter()
   lm.generate_until(reqs, disable_tqdm=True)
@@ -155,9 +157,9 @@ def main(argv):
   out["generate_until_batch"] = len(reqs)
   text = json.dumps(out, indent=2)
   print(text)
-  if _OUT.value:
-    Path(_OUT.value).write_text(text + "\n")
+  if args.out:
+    Path(args.out).write_text(text + "\n")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

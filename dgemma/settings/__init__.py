@@ -29,6 +29,7 @@ back over today's defaults (a key added since keeps its default).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import os
@@ -128,10 +129,10 @@ def _set_raw(raw: dict, dotted: str, value) -> None:
   node = raw
   for name in parents:
     if not isinstance(node.get(name), dict):
-      raise ConfigError(f"{dotted}: no config group {name!r} ({LIST_COMMAND})")
+      raise ConfigError(f"{dotted}: no config group {name!r}{did_you_mean(dotted)} ({LIST_COMMAND})")
     node = node[name]
   if leaf not in node:
-    raise ConfigError(f"{dotted}: not a config key ({LIST_COMMAND})")
+    raise ConfigError(f"{dotted}: not a config key{did_you_mean(dotted)} ({LIST_COMMAND})")
   node[leaf] = tuple(value) if isinstance(value, list) else value
 
 
@@ -158,6 +159,14 @@ def default_config(imports: Sequence[str] = ()) -> ml_collections.ConfigDict:
   return _config_dict(config)
 
 
+def did_you_mean(key: str, imports: Sequence[str] = ()) -> str:
+  """' (did you mean K?)' with K the declared key nearest to a mistyped dotted `key`, or '' when none is near."""
+  keys = [row[0] for row in settings_fields.rows(Settings, imports=imports)]
+  groups = {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
+  near = difflib.get_close_matches(key, keys + sorted(groups), n=1, cutoff=0.75)
+  return f" (did you mean {near[0]}?)" if near else ""
+
+
 def from_config(config: ml_collections.ConfigDict) -> Settings:
   """Checks an experiment config and returns its Settings. Raises ConfigError naming the field (or, for a
   data file that does not exist, FileNotFoundError naming it)."""
@@ -169,7 +178,8 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   if unknown:
     hint = (" (a study's group exists when the config's `imports` name the module that registers it)"
             if any(k.count(".") > 1 for k in unknown) else "")
-    raise ConfigError(f"unknown config key(s): {', '.join(unknown)} ({LIST_COMMAND}){hint}")
+    raise ConfigError(f"unknown config key(s): {', '.join(k + did_you_mean(k, modules) for k in unknown)} "
+                      f"({LIST_COMMAND}){hint}")
   return _build(config, modules)
 
 
@@ -308,10 +318,10 @@ def set_key(config: ml_collections.ConfigDict, dotted: str, value) -> None:
   node = config
   for name in parents:
     if name not in node or not isinstance(node[name], ml_collections.ConfigDict):
-      raise ConfigError(f"{dotted}: no config group {name!r} ({LIST_COMMAND})")
+      raise ConfigError(f"{dotted}: no config group {name!r}{did_you_mean(dotted)} ({LIST_COMMAND})")
     node = node[name]
   if leaf not in node:
-    raise ConfigError(f"{dotted}: not a config key ({LIST_COMMAND})")
+    raise ConfigError(f"{dotted}: not a config key{did_you_mean(dotted)} ({LIST_COMMAND})")
   with node.ignore_type():
     node[leaf] = tuple(value) if isinstance(value, list) else value
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -21,7 +22,7 @@ from typing import Callable, Sequence
 from absl import app, flags
 
 from dgemma import jax_cache, settings_fields
-from dgemma.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
+from dgemma.errors import CheckpointError, ConfigError, DataError, TrainingDiverged, TrainingInterrupted
 
 # Errors that are the user's input, not a bug: printed as one line.
 USER_ERRORS = (ConfigError, CheckpointError, DataError, TrainingDiverged, FileNotFoundError, FileExistsError)
@@ -68,8 +69,11 @@ def parse_flags(argv: Sequence[str], prog: str):
     missing = str(e).strip("'\" ")
     overrides = _override_flags(argv)
     named = [o for o in overrides if missing in o.split(".")] or overrides
-    what = (f"--{named[0]}: no such config key" if isinstance(e, (AttributeError, KeyError)) and named
-            else f"{', '.join('--' + o for o in named)}: {e}" if named else str(e))
+    if isinstance(e, (AttributeError, KeyError)) and named:
+      from dgemma.settings import did_you_mean
+      what = f"--{named[0]}: no such config key" + did_you_mean(named[0].split(".", 1)[1])  # after --config.
+    else:
+      what = f"{', '.join('--' + o for o in named)}: {e}" if named else str(e)
     sys.exit(f"{prog}: {what} ({hint})")
 
 
@@ -103,6 +107,11 @@ def no_extra_args(argv: Sequence[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {list(argv[1:])}")
 
 
+def resume_command() -> str:
+  """This process's command line, to run again (a resumable command resumes when re-run as it was)."""
+  return " ".join(shlex.quote(a) for a in ["python"] + sys.argv)
+
+
 def run(main: Callable, prog: str, user_errors: tuple = ()) -> None:
   """app.run(main) with `parse_flags` and bad input (USER_ERRORS + `user_errors`) as one line."""
   caught = USER_ERRORS + tuple(user_errors)
@@ -113,5 +122,8 @@ def run(main: Callable, prog: str, user_errors: tuple = ()) -> None:
       return main(argv)
     except caught as e:
       sys.exit(f"{prog}: {e}")
+    except TrainingInterrupted as e:  # saved; one line and the command that resumes, the signal's exit status
+      print(f"{prog}: {e}; resume with: {resume_command()}", file=sys.stderr)
+      sys.exit(e.exit_code)
 
   app.run(guarded, flags_parser=lambda argv: parse_flags(argv, prog))

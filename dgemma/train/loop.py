@@ -22,6 +22,9 @@ Safety, in order (docs/reliability.md):
   6. One run at a time writes a workdir: process 0 holds WORKDIR/.lock (checkpoints.workdir.locked), so a
      second train.py on it fails at once, naming the first; a lock left by a killed run is taken over. A new
      workdir that fails before its first checkpoint is saved (a bad train.init_from, an interrupt) is removed.
+  7. SIGINT / SIGTERM stop training after the current step, which is saved, with TrainingInterrupted naming it
+     (dgemma/train/interrupts.py; train.py prints it as one line with the resume command); a second signal exits
+     at once, keeping the last complete checkpoint.
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.checkpoints.orbax_logs import quiet_orbax
 from dgemma.diffusion import distill as distill_lib
-from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged
-from dgemma.train import evaluate, metrics as metrics_lib, optimizer as optimizer_lib, rl_step, state as state_lib, step as step_lib
+from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged, TrainingInterrupted
+from dgemma.train import evaluate, interrupts, metrics as metrics_lib, optimizer as optimizer_lib, rl_step
+from dgemma.train import state as state_lib, step as step_lib
 
 CONFIG_CHANGES_FILE = "config_changes.jsonl"  # WORKDIR/: {"step", "changes"} per resume with changed training keys
 
@@ -316,64 +320,70 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   window_start, window_steps, pending = time.perf_counter(), 0, []
   skips_in_a_row = 0
   last_saved = restored_step
-  try:
-    host_batch = next(train_iter) if start_step < end_step else None
-    for step in range(start_step, end_step, advance):
-      state, metrics = train_step(state, step_lib.device_batch(host_batch, data_sharding), base_rng)
-      done = step + advance
-      stream_state = train_iter.get_state()  # the stream after this step's batch: what its checkpoint resumes
-      # The next batch is made here, while the device runs this step (dispatch returns before it finishes).
-      host_batch = next(train_iter, None) if done < end_step else None
-      last = done == end_step or host_batch is None
-      if host_batch is None and done < end_step:
-        logging.warning("train step %d: the training data ended (data.num_epochs=%d) before step %d; stopping here",
-                        done, settings.data.num_epochs, end_step)
-      if float(metrics["nonfinite"]):  # one scalar to the host per step: nothing non-finite goes further
-        skips_in_a_row += 1
-        what = ", ".join(f"{k}={float(metrics[k]):.4g}" for k in ("loss", "grad_norm"))
-        kept = f"the last checkpoint (step {last_saved}) is kept" if last_saved else "no checkpoint was saved yet"
-        if not skip_nonfinite:
-          raise TrainingDiverged(f"train step {done}: non-finite loss, gradient norm or updated state ({what}); "
-                                 f"training stopped before saving it ({kept}). Lower opt.lr, check the data, or "
-                                 "set train.nonfinite='skip' to drop such updates")
-        if skips_in_a_row >= train_cfg.max_nonfinite_skips:
-          raise TrainingDiverged(f"train step {done}: {skips_in_a_row} non-finite updates in a row were skipped "
-                                 f"(train.max_nonfinite_skips={train_cfg.max_nonfinite_skips}; {what}); {kept}")
-        logging.warning("train step %d: non-finite update skipped (%s)", done, what)
-      else:
-        skips_in_a_row = 0
-      pending.append(metrics)
-      window_steps += advance
-      if reached(done, train_cfg.log_every) or last:
-        window = _window_metrics(pending, window_steps * tokens_per_step / max(time.perf_counter() - window_start,
-                                                                               1e-9), skip_nonfinite)
-        writer.write(done, window)
+  interrupted = False
+  with interrupts.StopRequest() as stop:  # SIGINT / SIGTERM: this step is the last, saved (interrupts.py)
+    try:
+      host_batch = next(train_iter) if start_step < end_step else None
+      for step in range(start_step, end_step, advance):
+        state, metrics = train_step(state, step_lib.device_batch(host_batch, data_sharding), base_rng)
+        done = step + advance
+        stream_state = train_iter.get_state()  # the stream after this step's batch: what its checkpoint resumes
+        # The next batch is made here, while the device runs this step (dispatch returns before it finishes).
+        host_batch = next(train_iter, None) if done < end_step else None
+        interrupted = done < end_step and stop.requested()
+        last = done == end_step or host_batch is None or interrupted
+        if host_batch is None and done < end_step:
+          logging.warning("train step %d: the training data ended (data.num_epochs=%d) before step %d; stopping here",
+                          done, settings.data.num_epochs, end_step)
+        if float(metrics["nonfinite"]):  # one scalar to the host per step: nothing non-finite goes further
+          skips_in_a_row += 1
+          what = ", ".join(f"{k}={float(metrics[k]):.4g}" for k in ("loss", "grad_norm"))
+          kept = f"the last checkpoint (step {last_saved}) is kept" if last_saved else "no checkpoint was saved yet"
+          if not skip_nonfinite:
+            raise TrainingDiverged(f"train step {done}: non-finite loss, gradient norm or updated state ({what}); "
+                                   f"training stopped before saving it ({kept}). Lower opt.lr, check the data, or "
+                                   "set train.nonfinite='skip' to drop such updates")
+          if skips_in_a_row >= train_cfg.max_nonfinite_skips:
+            raise TrainingDiverged(f"train step {done}: {skips_in_a_row} non-finite updates in a row were skipped "
+                                   f"(train.max_nonfinite_skips={train_cfg.max_nonfinite_skips}; {what}); {kept}")
+          logging.warning("train step %d: non-finite update skipped (%s)", done, what)
+        else:
+          skips_in_a_row = 0
+        pending.append(metrics)
+        window_steps += advance
+        if reached(done, train_cfg.log_every) or last:
+          window = _window_metrics(pending, window_steps * tokens_per_step / max(time.perf_counter() - window_start,
+                                                                                 1e-9), skip_nonfinite)
+          writer.write(done, window)
+          if bar is not None:
+            shown = dict(loss=f"{window['loss']:.3f}", tok_s=f"{window['tokens_per_sec']:.0f}")
+            if "reward_mean" in window:  # an RL step's
+              shown = dict(reward=f"{window['reward_mean']:.3f}", kl=f"{window['kl']:.4f}",
+                           samples_s=f"{window['samples_per_sec']:.1f}")
+            bar.set_postfix(**shown)
+          window_start, window_steps, pending = time.perf_counter(), 0, []
         if bar is not None:
-          shown = dict(loss=f"{window['loss']:.3f}", tok_s=f"{window['tokens_per_sec']:.0f}")
-          if "reward_mean" in window:  # an RL step's
-            shown = dict(reward=f"{window['reward_mean']:.3f}", kl=f"{window['kl']:.4f}",
-                         samples_s=f"{window['samples_per_sec']:.1f}")
-          bar.set_postfix(**shown)
-        window_start, window_steps, pending = time.perf_counter(), 0, []
+          bar.update(advance)
+        if reached(done, train_cfg.eval_every) or done == num_steps:
+          eval_iter = data_lib.make_iterator(settings, prepared, settings.eval.split, shard_index=jax.process_index(),
+                                             shard_count=jax.process_count())
+          writer.write(done, evaluate.validation_metrics(eval_step, state.params, eval_iter, train_cfg.eval_batches,
+                                                         data_sharding, eval_rng), prefix="eval")
+          window_start = time.perf_counter()  # do not count evaluation in tokens/s
+        if reached(done, train_cfg.ckpt_every) or last:
+          workdir_ckpt.save(manager, done, state, workdir_ckpt.all_process_data_states(stream_state))
+          last_saved = done
+        if last:
+          break
+    finally:
+      manager.wait_until_finished()
+      manager.close()
+      writer.close()
       if bar is not None:
-        bar.update(advance)
-      if reached(done, train_cfg.eval_every) or done == num_steps:
-        eval_iter = data_lib.make_iterator(settings, prepared, settings.eval.split, shard_index=jax.process_index(),
-                                           shard_count=jax.process_count())
-        writer.write(done, evaluate.validation_metrics(eval_step, state.params, eval_iter, train_cfg.eval_batches,
-                                                       data_sharding, eval_rng), prefix="eval")
-        window_start = time.perf_counter()  # do not count evaluation in tokens/s
-      if reached(done, train_cfg.ckpt_every) or last:
-        workdir_ckpt.save(manager, done, state, workdir_ckpt.all_process_data_states(stream_state))
-        last_saved = done
-      if last:
-        break
-  finally:
-    manager.wait_until_finished()
-    manager.close()
-    writer.close()
-    if bar is not None:
-      bar.close()
+        bar.close()
+  if interrupted:
+    raise TrainingInterrupted(f"interrupted by {stop.name} after step {done} of {num_steps}; saved: "
+                              f"{workdir_ckpt.step_dir(workdir_path, done)}", stop.signum)
   if settings.finetune.mode != "full" and settings.finetune.save_adapter and int(state.step) == num_steps:
     adapter_ckpt.save_adapter(workdir_path / adapter_ckpt.ADAPTER_DIR, state.params, model_cfg, settings.finetune,
                               base=train_cfg.init_from, step=int(state.step), run_config_json=settings.config_json)

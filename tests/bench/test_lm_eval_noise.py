@@ -31,3 +31,15 @@ def test_common_noise_picks_are_the_model_classes_and_independent_noise_differs(
   scores = lambda common: lm.score_ids(docs, starts, lm_eval_noise.noise_keys(questions, common))
   assert [s.logprob for s in scores(True)] != [s.logprob for s in scores(False)]
 
+
+
+def test_the_command_prints_its_tables(tiny_run, tmp_path, capsys):
+  out = tmp_path / "noise.json"
+  lm_eval_noise.main(["--checkpoint", str(tiny_run[0]), "--questions", "3", "--seeds", "2", "--samples", "2,1",
+                      "--batch_size", "8", "--gen_tokens", "8", "--out", str(out)])
+  import json
+  table = json.loads(out.read_text())
+  assert set(table["accuracy"]) == {"common", "independent"} and set(table["accuracy"]["common"]) == {"1", "2"}
+  assert table["agreement_with_largest_m"]["common"]["2"] >= 0.5  # a mean over 2 seeds, seed 0's being the reference
+  assert table["s_per_generate_until_request"] > 0 and set(table["s_per_loglikelihood_request"]) == {"1", "2"}
+  assert capsys.readouterr().out.rstrip().endswith("}")

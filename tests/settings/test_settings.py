@@ -2,6 +2,7 @@
 file, before anything is built, compiled or written."""
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -176,6 +177,39 @@ def test_empty_data_file_names_file(tiny_config, tmp_path):
     loop.train_and_evaluate(tiny_config, str(tmp_path / "wd"))
 
 
+def test_a_mistyped_key_names_the_nearest_one(tiny_config):
+  """Every place that refuses a key no group declares suggests the nearest declared key (or group)."""
+  from dgemma import settings as settings_lib
+  tiny_config.sample.tmax = 0.5
+  with pytest.raises(ConfigError, match=r"unknown config key\(s\): sample\.tmax \(did you mean sample\.t_max\?\)"):
+    settings_lib.from_config(tiny_config)
+  del tiny_config.sample["tmax"]
+  settings = settings_lib.from_config(tiny_config)
+  with pytest.raises(ConfigError, match=r"train\.num_step: not a config key \(did you mean train\.num_steps\?\)"):
+    settings.replace(**{"train.num_step": 3})
+  with pytest.raises(ConfigError, match=r"smaple\.t_max: no config group 'smaple' \(did you mean sample\.t_max\?\)"):
+    settings_lib.set_key(tiny_config, "smaple.t_max", 0.5)
+  assert settings_lib.did_you_mean("wholly_unrelated") == ""
+
+
+def test_the_settings_command_lists_a_prefix_shows_a_run_or_refuses(tmp_path, capsys):
+  from dgemma import settings as settings_lib
+  from dgemma.settings.__main__ import main
+  main(["prog", "sample.t_max"])
+  assert capsys.readouterr().out.startswith("sample.t_max (float) = ")
+  run = tmp_path / "run"
+  run.mkdir()
+  config = settings_lib.default_config()
+  config.opt.lr = 0.0123
+  (run / "config.json").write_text(settings_lib.from_config(config).config_json)
+  main(["prog", str(run)])
+  assert "opt.lr = 0.0123\n" in capsys.readouterr().out
+  for arg, said in (("sampel", "no key or group (did you mean sample?)"),
+                    (str(tmp_path), "a directory without config.json")):
+    with pytest.raises(SystemExit, match=re.escape(said)):
+      main(["prog", arg])
+
+
 def test_missing_checkpoint_names_it(tmp_path):
   with pytest.raises(FileNotFoundError, match="never_trained"):
     dgemma.load(str(tmp_path / "never_trained"))
@@ -184,6 +218,8 @@ def test_missing_checkpoint_names_it(tmp_path):
 @pytest.mark.slow  # subprocesses
 @pytest.mark.parametrize("args, expect", [
     (["--config=configs/tiny_test.py", "--config.opt.learning_rate=1.0"], "--config.opt.learning_rate: no such config key"),
+    (["--config=configs/tiny_test.py", "--config.sample.tmax=1.0"],
+     "--config.sample.tmax: no such config key (did you mean sample.t_max?)"),
     (["--config=configs/tiny_test.py", "--config.mesh.shape.foo=2"], "--config.mesh.shape.foo: no such config key"),
     (["--config=configs/nope.py"], "configs/nope.py"),
     (["--config=configs/tiny_test.py", "--config.opt.grad_clip=-1"], "opt.grad_clip: must be > 0.0, got -1.0"),

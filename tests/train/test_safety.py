@@ -305,3 +305,93 @@ def test_metrics_rows_past_the_restored_step_are_dropped_and_a_partial_line_skip
   rows = [r["step"] for r in run_report.read_metrics(wd) if r["split"] == "train"]
   assert rows == list(range(1, 9))
   assert all(line.endswith("}") for line in (wd / "metrics.jsonl").read_text().splitlines())
+
+
+# ---- interrupts --------------------------------------------------------------------------------------
+
+@pytest.mark.slow  # the module's quick_run (a training run), then an interrupted run and its resume
+def test_a_signal_saves_the_current_step_and_the_resume_equals_an_uninterrupted_run(quick_run, tmp_path,
+                                                                                     monkeypatch):
+  """A real SIGTERM (what Colab and preemptible hosts send) delivered to this process while step 3 is logged, after
+  the loop looked for one in that step: it runs step 4 (the step in progress when it next looks), saves it, and
+  raises TrainingInterrupted naming it; re-running the workdir resumes there, and the run ends as the
+  uninterrupted one did (every parameter and optimizer moment equal, one metrics row per step). The handlers are
+  the process's own again afterwards."""
+  import os
+  import signal
+  from dgemma.errors import TrainingInterrupted
+  from dgemma.train import metrics as metrics_lib
+  config = quick_run.new_config()
+  config.train.ckpt_every = 100  # no scheduled checkpoint before the end: the interrupt's is the only one
+  wd = tmp_path / "wd"
+  write = metrics_lib.MetricWriter.write
+
+  def write_then_signal(self, step, values, prefix="train"):
+    write(self, step, values, prefix)
+    if step == 3 and prefix == "train":
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write_then_signal)
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(TrainingInterrupted, match=r"interrupted by SIGTERM after step 4 of 8; saved: .*4$") as stopped:
+    loop.train_and_evaluate(config, str(wd))
+  assert stopped.value.exit_code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) is before
+  assert workdir_ckpt.steps(wd) == [4]
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
+  resumed = loop.train_and_evaluate(config, str(wd))
+  chex.assert_trees_all_equal(jax.device_get(resumed.params), quick_run.state.params)
+  chex.assert_trees_all_equal(jax.device_get(resumed.opt_state), quick_run.state.opt_state)
+  rows = [r["step"] for r in run_report.read_metrics(wd) if r["split"] == "train"]
+  assert rows == list(range(1, 9))
+
+
+@pytest.mark.slow  # train.py in a subprocess
+def test_train_py_on_a_signal_prints_one_line_to_resume(corpus_file, tmp_path):
+  """train.py (a long run of _quick's model), SIGTERM once its steps are logged: the current step is saved, exit
+  status 143 (the shell's for SIGTERM) and one line naming the step and the command that resumes."""
+  import signal
+  import time
+  workdir = tmp_path / "wd"
+  cmd = [sys.executable, "train.py", "--config=configs/tiny_test.py", f"--workdir={workdir}",
+         "--config.data.source=files", f"--config.data.files=('{corpus_file}',)",
+         f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.train.progress_bar=False",
+         *(f for f in QUICK_FLAGS if not f.startswith("--config.train.num_steps=")),
+         "--config.train.num_steps=100000", "--config.train.log_every=1", "--config.train.eval_every=100000"]
+  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 300
+  metrics = workdir / "metrics.jsonl"
+  while not (metrics.exists() and metrics.read_text().count('"split": "train"') >= 3):
+    assert time.time() < deadline and proc.poll() is None, proc.communicate()[1][-3000:]
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+  line = err.strip().splitlines()[-1]
+  match = re.fullmatch(r"train\.py: interrupted by SIGTERM after step (\d+) of 100000; saved: \S+; resume with: "
+                       r"python train\.py --config=configs/tiny_test\.py --workdir=\S+ .*", line)
+  assert match, line
+  assert workdir_ckpt.steps(workdir)[-1] == int(match.group(1)) >= 3
+
+
+_TWO_SIGNALS = """
+import os, signal, sys, time
+from dgemma.train import interrupts
+with interrupts.StopRequest() as stop:
+  os.kill(os.getpid(), signal.SIGINT)
+  time.sleep(0.1)
+  print("requested", stop.requested(), stop.name, flush=True)
+  os.kill(os.getpid(), signal.SIGINT)
+  time.sleep(5)
+print("not reached", flush=True)
+"""
+
+
+@pytest.mark.slow  # a subprocess
+def test_a_second_signal_exits_at_once():
+  """The first SIGINT only asks (the loop saves the step it is in); the second ends the process at once with the
+  shell's status for SIGINT (130), saying so; what it interrupts is at most an incomplete checkpoint, which a
+  resume never reads (test_corrupt_latest_checkpoint_falls_back_and_resumes_exactly, tests/checkpoints)."""
+  out = subprocess.run([sys.executable, "-c", _TWO_SIGNALS], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 130, out.stderr[-3000:]
+  assert out.stdout.splitlines() == ["requested True SIGINT"]
+  assert "SIGINT again: exiting now" in out.stderr
