@@ -162,6 +162,11 @@ def default_config(imports: Sequence[str] = ()) -> ml_collections.ConfigDict:
 def did_you_mean(key: str, imports: Sequence[str] = ()) -> str:
   """' (did you mean K?)' with K the declared key nearest to a mistyped dotted `key`, or '' when none is near."""
   keys = [row[0] for row in settings_fields.rows(Settings, imports=imports)]
+  parent, _, leaf = key.rpartition(".")
+  siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
+  if parent and siblings:  # a group that exists: the nearest of its own keys (a shared prefix proves nothing)
+    near = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
+    return f" (did you mean {parent}.{near[0]}?)" if near else ""
   groups = {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
   near = difflib.get_close_matches(key, keys + sorted(groups), n=1, cutoff=0.75)
   return f" (did you mean {near[0]}?)" if near else ""
