@@ -284,14 +284,11 @@ class DgemmaLM(LM):
       scores = likelihood.canvas_scores(m.params, m.model_cfg, st.diffusion, st.eval, rows, context_len=context_len,
                                         key_ids=np.asarray(key_ids, np.int32)[rows.doc_index], on_batch=on_batch)
     bar.close()
-    out = []
-    for d in range(len(docs)):
-      mine = rows.doc_index == d
-      out.append(ContinuationScore(logprob=-float(np.sum(scores["nats"][mine])),
-                                   stderr=math.sqrt(float(np.sum(scores["mc_se"][mine] ** 2))),
-                                   is_greedy=bool(np.all(scores["greedy"][mine])),
-                                   tokens=int(np.sum(scores["tokens"][mine]))))
-    return out
+    per_doc = lambda values: np.bincount(rows.doc_index, weights=values, minlength=len(docs))  # sums over canvases
+    nats, variance = per_doc(scores["nats"]), per_doc(np.square(scores["mc_se"]))
+    not_greedy, tokens = per_doc(~scores["greedy"]), per_doc(scores["tokens"])
+    return [ContinuationScore(logprob=-float(nats[d]), stderr=math.sqrt(float(variance[d])),
+                              is_greedy=bool(not_greedy[d] == 0), tokens=int(tokens[d])) for d in range(len(docs))]
 
   def _temperature(self, gen_kwargs: dict) -> Optional[float]:
     """The temperature a request's gen_kwargs ask for (module docstring); None = the configured sampler's."""
