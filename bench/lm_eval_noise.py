@@ -94,13 +94,7 @@ def noise_keys(questions: list[dict], common: bool) -> list[int]:
 def choice_ids(lm, questions: list[dict]) -> tuple[list[list[int]], list[int]]:
   """(BOS + context + choice ids, where the choice starts) per (question, choice): the model class's `score_ids`
   arguments."""
-  docs, starts = [], []
-  for q in questions:
-    for choice in q["choices"]:
-      context_ids, continuation_ids = lm.encode_pair(q["context"], choice)
-      docs.append(context_ids + continuation_ids)
-      starts.append(len(context_ids))
-  return docs, starts
+  return lm.pair_ids([(q["context"], choice) for q in questions for choice in q["choices"]])
 
 
 def picks(lm, questions: list[dict], common: bool) -> np.ndarray:

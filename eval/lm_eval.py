@@ -262,12 +262,13 @@ class DgemmaLM(LM):
   def score_continuations(self, pairs: Sequence[tuple[str, str]], progress: bool = False) -> list[ContinuationScore]:
     """log p(continuation | context) of each (context, continuation) pair, with its standard error (module
     docstring); pairs with the same context share their noise."""
-    docs, starts = [], []
-    for context, continuation in pairs:
-      context_ids, continuation_ids = self.encode_pair(context, continuation)
-      docs.append(context_ids + continuation_ids)
-      starts.append(len(context_ids))
-    return self.score_ids(docs, starts, [context_key(context) for context, _ in pairs], progress=progress)
+    return self.score_ids(*self.pair_ids(pairs), [context_key(context) for context, _ in pairs], progress=progress)
+
+  def pair_ids(self, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[int]]:
+    """(`score_ids`'s docs, starts) of (context, continuation) pairs: [BOS] + context + continuation ids, and
+    where each continuation starts."""
+    split = [self.encode_pair(context, continuation) for context, continuation in pairs]
+    return [c + x for c, x in split], [len(c) for c, _ in split]
 
   def score_ids(self, docs: list[list[int]], starts: list[int], key_ids: list[int],
                 progress: bool = False) -> list[ContinuationScore]:

@@ -220,7 +220,6 @@ def trained_run(corpus_file, tmp_path_factory):
   one decoder pass, lr 2e-3) over 30 steps (~25 s)."""
   from dgemma.train import loop
   from tests.train.test_loop import _quick
-  from tests.conftest import write_corpus  # noqa: F401  (the corpus of `corpus_file`)
   from configs import tiny_test
   config = _quick(tiny_test.get_config())
   tmp = tmp_path_factory.mktemp("lm_eval_run")
