@@ -3,7 +3,7 @@ decoder-only rank-8 adapters, here on attention and the dense MLP) on a frozen b
 state (finetune.base_quant = 'int4_experts': the experts int4 in groups of 64, every other matrix int8 per
 channel). The adapters and the self-conditioning module train in float32; the step runs in bfloat16 with full rematerialisation, one 512-token
 row at a time (8 rows per update in 8 micro-batches): the released 26B-A4B's step is planned at 16.4 GiB on an
-H100 and 16.7 on a 24 GB sm_89 card (L4, RTX 4090); a TPU's compiler still refuses it (docs/finetuning.md).
+H100, 16.7 on a 24 GB sm_89 card (L4, RTX 4090) and 20.0 on a TPU v6e-1 (docs/finetuning.md).
 
   # the base, the config argument after ':': any checkpoint dgemma.load takes (a Hugging Face directory of the
   # released model, a params checkpoint, a run or an adapter); it is quantized tensor by tensor as it is read
@@ -33,6 +33,7 @@ def get_config(checkpoint: str = ""):
   # 512 tokens): moe_impl 'ragged' 56.1 GiB (XLA lowers ragged_dot to [experts, rows, d_model] products), 'dense'
   # 44.0; adapters on attention and the dense MLP only (no per-expert pairs: 1.3 GiB of adapters and 2.6 of Adam
   # moments fewer) 36.8; then the experts packed, each layer rematerialised on its own and frozen products 16.4.
+  # On a TPU the frozen base is also laid out as the step's compiler picks (dgemma.train.state.step_shardings).
   # docs/finetuning.md.
   config.model.moe_impl = "dense"
   config.finetune.lora_targets = ("attn", "mlp")

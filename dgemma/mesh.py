@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -113,6 +114,13 @@ def check_batch_fits_mesh(batch_size: int, grad_accum_steps: int, mesh: Mesh, ax
     raise ConfigError(
         f"opt.grad_accum_steps: {grad_accum_steps} micro-batches of data.batch_size={batch_size} rows do "
         f"not divide evenly over the {shards} batch shards (need batch_size % (shards * steps) == 0)")
+
+
+def put(tree: Any, formats: Any) -> Any:
+  """`tree`'s arrays in `formats` (a tree like it of `jax.experimental.layout.Format`s, e.g. a compiled program's
+  `input_formats`: sharding and memory layout), each copied only where its own differs, its old buffer donated: at
+  most one array is held twice at a time."""
+  return jax.tree.map(lambda x, f: x if x.format == f else jax.device_put(x, f, donate=True), tree, formats)
 
 
 def free_memory_bytes() -> int:

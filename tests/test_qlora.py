@@ -19,6 +19,7 @@ import pytest
 
 from configs import tiny_test
 from dgemma import api, finetune, quant
+from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import params as params_ckpt
@@ -165,6 +166,13 @@ def test_qlora_run_resumes_exactly_keeps_its_base_and_loads_on_it(tiny_config, t
                                   np.asarray(b, np.float32) if b.dtype == jnp.int4 else b)
 
   settings = settings_lib.from_config(config)
+  # the step was compiled once for the three runs, with the frozen base laid out as its compiler picked
+  # (state_lib.step_shardings), and the state put in those formats: the base's leaves are in them
+  programs = loop.run_programs(settings, mesh_lib.make_mesh(settings.mesh.axis_sizes))
+  assert programs.laid_out and len(programs.compiled) == 1
+  (compiled_step, _), = programs.compiled.values()
+  formats = compiled_step.input_formats[0][0]
+  assert all(jax.tree.leaves(jax.tree.map(lambda x, f: x.format == f, resumed, formats)))
   want = finetune.base_quantizer(settings.finetune).params(jax.tree.map(jnp.asarray, base))
   want = {k: v for k, v in flax.traverse_util.flatten_dict(want).items() if quant.is_quantized(v)}
   got = flax.traverse_util.flatten_dict(jax.device_get(resumed.params))

@@ -126,6 +126,9 @@ class RunPrograms(NamedTuple):
   train_step: Callable   # jitted: (state, batch, rng) -> (state, metrics), the state donated; an RL run's
                          # rl_step.GRPO (rollout, rewards, rl.num_iterations updates)
   eval_step: Callable    # jitted: (params, batch, rng) -> metrics
+  laid_out: bool         # the train step compiled with the frozen base laid out by its compiler
+                         # (state_lib.step_shardings): a run calls `compiled_steps`, which place the state
+  compiled: dict         # compiled_steps' cache of a laid-out run: batch shape -> (train step, eval step)
 
 
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()  # run_programs' cache, the latest last
@@ -166,19 +169,44 @@ def _make_programs(settings, mesh) -> RunPrograms:
                                          opt_state=state_shardings.opt_state)
   schedule = optimizer_lib.make_schedule(settings.opt, settings.train.num_steps)
   data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
+  step_shardings = state_lib.step_shardings(settings, state_shardings)
   train_step = jax.jit(step_lib.make_train_step(settings.model, settings.diffusion, optimizer, schedule,
                                                 grad_accum_steps=settings.opt.grad_accum_steps,
                                                 finetune_cfg=settings.finetune,
                                                 skip_nonfinite=settings.train.nonfinite == "skip",
                                                 distill_cfg=settings.distill),
-                       in_shardings=(state_shardings, data_sharding, None), out_shardings=(state_shardings, None),
+                       in_shardings=(step_shardings, data_sharding, None), out_shardings=(step_shardings, None),
                        donate_argnums=(0,))
   if settings.rl.enabled:
     train_step = rl_step.GRPO(settings, optimizer, schedule, state_shardings)
   eval_step = jax.jit(step_lib.make_eval_step(settings.model, settings.diffusion),
                       in_shardings=(state_shardings.params, data_sharding, None))
   return RunPrograms(optimizer, init_fn, abstract_state, state_shardings,
-                     state_lib.jit_init(init_fn, fresh_shardings), train_step, eval_step)
+                     state_lib.jit_init(init_fn, fresh_shardings), train_step, eval_step,
+                     laid_out=step_shardings is not state_shardings, compiled={})
+
+
+def compiled_steps(programs: RunPrograms, train_step, settings, mesh, base_rng, eval_rng) -> tuple[Any, Any]:
+  """`train_step` and the eval step compiled ahead of time for the run's batch (data.batch_size x data.seq_len
+  rows): what a multi-process run compiles before its first collective, and what a laid-out run
+  (`RunPrograms.laid_out`) calls: only the compiled step knows the layouts it picked for the frozen base
+  (`input_formats`), so the eval step is compiled on those same layouts of the params and the state is put in
+  them (mesh_lib.put). A laid-out run's pair is kept in `programs.compiled`."""
+  key = (settings.data.batch_size, settings.data.seq_len)
+  if programs.laid_out and key in programs.compiled:
+    return programs.compiled[key]
+  data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
+  batch_spec = {k: jax.ShapeDtypeStruct(key, jnp.int32, sharding=data_sharding)
+                for k in ("tokens", "segment_ids", "positions")}
+  train_compiled = train_step.lower(programs.abstract_state, batch_spec, base_rng).compile()
+  eval_step = programs.eval_step
+  if programs.laid_out:
+    eval_step = jax.jit(step_lib.make_eval_step(settings.model, settings.diffusion),
+                        in_shardings=(train_compiled.input_formats[0][0].params, data_sharding, None))
+  steps = train_compiled, eval_step.lower(programs.abstract_state.params, batch_spec, eval_rng).compile()
+  if programs.laid_out:
+    programs.compiled[key] = steps
+  return steps
 
 
 def _restore(manager, workdir: Path, settings, abstract_state):
@@ -298,13 +326,13 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   if settings.rl.enabled:
     train_step = train_step.bind(prepared.tokenizer)
   advance = getattr(train_step, "steps_per_call", 1)  # updates per call: an RL step's rl.num_iterations
+  if programs.laid_out or jax.process_count() > 1:
+    train_step, eval_step = compiled_steps(programs, train_step, settings, mesh, base_rng, eval_rng)
+  if programs.laid_out:  # the frozen base in the layouts the step's compiler picked for it, once
+    state = mesh_lib.put(state, train_step.input_formats[0][0])
   if jax.process_count() > 1:
-    # Compile both steps first, then wait for every process: the first cross-process collective
+    # Both steps are compiled first, then every process waits: the first cross-process collective
     # must start everywhere within gloo's 30 s connect timeout, and compile times differ.
-    batch_spec = {k: jax.ShapeDtypeStruct((settings.data.batch_size, settings.data.seq_len), jnp.int32,
-                                          sharding=data_sharding) for k in ("tokens", "segment_ids", "positions")}
-    train_step = train_step.lower(abstract_state, batch_spec, base_rng).compile()
-    eval_step = eval_step.lower(abstract_state.params, batch_spec, eval_rng).compile()
     distributed.process_barrier("dgemma_steps_compiled")
 
   start_step = int(state.step)

@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from jax.experimental.layout import Format, Layout
 from jax.sharding import Mesh
 
 from dgemma import checkpoints, finetune as finetune_lib, quant
@@ -90,6 +91,22 @@ def run_abstract_state(settings, mesh: Mesh) -> tuple[Any, Callable, Any, Any]:
   if settings.rl.enabled:
     abstract, shardings = with_reference(abstract, settings.finetune), with_reference(shardings, settings.finetune)
   return optimizer, init_fn, abstract, shardings
+
+
+def step_shardings(settings, shardings: Any) -> Any:
+  """The state shardings the train step is compiled for: `shardings`, except that a QLoRA run's frozen base
+  (finetune.base_quant; not in a distillation or reinforcement-learning run, whose extra params share it) is laid
+  out in memory as the step's compiler picks (`Layout.AUTO`). A TPU's compiler otherwise copies every stacked packed
+  int4 expert weight into its own tiled layout before the layer loop, about 5 GiB a block of the released model;
+  held in that layout from the start (dgemma.train.loop places the state in the compiled step's input formats), the
+  frozen weights are read as they are. docs/finetuning.md."""
+  if (finetune_lib.base_quantizer(settings.finetune) is None or distill_lib.enabled(settings.distill)
+      or settings.rl.enabled):
+    return shardings
+  labels = finetune_lib.param_labels(shardings.params, settings.finetune)
+  params = jax.tree.map(lambda sharding, label: sharding if label == finetune_lib.TRAINABLE else
+                        Format(Layout.AUTO, sharding), shardings.params, labels)
+  return shardings.replace(params=params)
 
 
 def param_partition_specs(model_cfg: ModelConfig, mesh: Mesh, axis_rules) -> dict[str, str]:

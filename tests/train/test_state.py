@@ -45,3 +45,34 @@ def test_abstract_state_equals_the_shapes_init_fn_makes(optimizer_name, finetune
   same = jax.tree.map(lambda a, t: (a.shape, a.dtype, a.sharding) == (t.shape, t.dtype, t.sharding), abstract, traced)
   assert all(jax.tree.leaves(same))
   assert (abstract.step.shape, abstract.step.dtype) == ((), jnp.int32)
+
+
+@pytest.mark.parametrize("mode, base_quant, rl", [("head_only", "int4_experts", False), ("lora", "int8", False),
+                                                   ("lora", "none", False), ("full", "none", False),
+                                                   ("lora", "int4_experts", True)])
+def test_the_train_step_lays_out_only_a_qlora_runs_frozen_base(mode, base_quant, rl):
+  """step_shardings: in a QLoRA run (finetune.base_quant set) every frozen leaf, quantized or not, is left to the
+  step's compiler to lay out (Layout.AUTO on its own sharding) and every trained leaf and the optimizer state keep
+  their shardings; any other run (no quantized base, or an RL run, whose reference copies trained leaves) gets
+  its shardings back unchanged, the same object."""
+  from jax.experimental.layout import Format, Layout
+  config = tiny_test.get_config()
+  config.finetune.mode, config.finetune.base_quant, config.finetune.base_quant_group_size = mode, base_quant, 16
+  config.finetune.lora_rank = 2
+  if rl:
+    config.rl.algorithm, config.rl.reward = "grpo", "exact_match"
+  settings = settings_lib.from_config(config)
+  _, _, _, shardings = state_lib.run_abstract_state(settings, mesh_lib.make_mesh(settings.mesh.axis_sizes))
+  laid_out = state_lib.step_shardings(settings, shardings)
+  if base_quant == "none" or rl:
+    assert laid_out is shardings
+    return
+  assert laid_out.opt_state is shardings.opt_state and laid_out.step is shardings.step
+  labels = jax.tree.leaves(finetune.param_labels(shardings.params, settings.finetune))
+  pairs = list(zip(jax.tree.leaves(shardings.params), jax.tree.leaves(laid_out.params), labels, strict=True))
+  assert {label for *_, label in pairs} == {finetune.TRAINABLE, finetune.FROZEN}
+  for plain, step, label in pairs:
+    if label == finetune.TRAINABLE:
+      assert step is plain
+    else:
+      assert isinstance(step, Format) and step.layout == Layout.AUTO and step.sharding == plain
