@@ -16,6 +16,7 @@ import importlib.util
 import re
 import shlex
 import sys
+import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -52,20 +53,55 @@ def _override_flags(argv: Sequence[str]) -> list[str]:
   return [a.split("=", 1)[0].lstrip("-") for a in argv[1:] if re.match(r"--?\w+\.\w", a)]
 
 
+def config_file_failure(error: BaseException, files: Sequence[str]) -> str | None:
+  """One line for an exception raised while a config file among `files` loaded: its syntax error or the exception
+  its code raised, at the file's own line (`FILE:LINE: ...`), or a file that defines no get_config(); None when the
+  exception did not come from one of them."""
+  resolved = {str(Path(f).resolve()): f for f in files if f and Path(f).is_file()}
+  if isinstance(error, OSError) and error.__cause__ is not None:  # config_flags' wrapper of a file that failed
+    error = error.__cause__
+  if isinstance(error, SyntaxError) and error.filename and str(Path(error.filename).resolve()) in resolved:
+    return f"{error.filename}:{error.lineno}: {type(error).__name__}: {error.msg}"
+  if isinstance(error, AttributeError) and "get_config" in str(error) and len(resolved) == 1:
+    return (f"{next(iter(resolved.values()))}: defines no get_config() (a config file returns its "
+            "ml_collections.ConfigDict from get_config(), e.g. configs/demo.py)")
+  inside = [f for f in traceback.extract_tb(error.__traceback__) if str(Path(f.filename).resolve()) in resolved]
+  if not inside:
+    return None
+  last = inside[-1]
+  return f"{last.filename}:{last.lineno}: in {last.name}: {type(error).__name__}: {error}"
+
+
+def _config_files(argv: Sequence[str]) -> list[str]:
+  """The files named by --FLAG=FILE.py or --FLAG=FILE.py:ARG on a command line (config files, as config_flags
+  takes them)."""
+  return [a.split("=", 1)[1].split(":")[0] for a in argv[1:] if re.match(r"--?\w+=[^:]+\.py(:|$)", a)]
+
+
 def parse_flags(argv: Sequence[str], prog: str):
   """absl's parser; every flag error (an unknown flag, a config override that names no key or has a bad value,
-  an override before --config=, a config file that failed to load) becomes one line `prog: ...`."""
+  an override before --config=, a config file that failed to load: its syntax error, what its get_config raised,
+  at the file's line) becomes one line `prog: ...`."""
   hint = "python -m dgemma.settings lists every key; mesh.shape has data, fsdp, expert, tensor"
   try:
     return flags.FLAGS(argv)
-  except flags.Error as e:  # unknown flags, flag order, bad flag values
+  except Exception as e:  # pylint: disable=broad-except
+    failure = config_file_failure(e, _config_files(argv))
+    if failure is None:
+      return _flag_error(e, argv, prog, hint)
+    sys.exit(f"{prog}: --config: {failure}")
+
+
+def _flag_error(e: Exception, argv: Sequence[str], prog: str, hint: str):
+  """parse_flags' line for an error that is not a config file's own; anything else is raised again."""
+  if isinstance(e, flags.Error):  # unknown flags, flag order, bad flag values
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     if "before a value for --" in text:
       text += "; put --config=FILE first"
     sys.exit(f"{prog}: {text} ({prog} --help lists the flags)")
-  except OSError as e:  # an override on a config file that failed to load: report the file's own error
+  if isinstance(e, OSError):  # an override on a config file that failed to load: report the file's own error
     sys.exit(f"{prog}: --config: {e.__cause__ or e}")
-  except (AttributeError, KeyError, TypeError, ValueError) as e:
+  if isinstance(e, (AttributeError, KeyError, TypeError, ValueError)):
     missing = str(e).strip("'\" ")
     overrides = _override_flags(argv)
     named = [o for o in overrides if missing in o.split(".")] or overrides
@@ -75,6 +111,7 @@ def parse_flags(argv: Sequence[str], prog: str):
     else:
       what = f"{', '.join('--' + o for o in named)}: {e}" if named else str(e)
     sys.exit(f"{prog}: {what} ({hint})")
+  raise e
 
 
 def config(holder):
@@ -98,8 +135,14 @@ def load_config_file(spec: str):
     raise FileNotFoundError(f"config file {path} does not exist")
   module_spec = importlib.util.spec_from_file_location(f"_dgemma_config_{abs(hash(path))}", path)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  try:
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  except Exception as e:  # pylint: disable=broad-except
+    failure = config_file_failure(e, [path])
+    if failure is None:
+      raise
+    raise ConfigError(f"config file {failure}") from None
 
 
 def no_extra_args(argv: Sequence[str]) -> None:

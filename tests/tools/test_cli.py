@@ -50,6 +50,28 @@ def test_bad_checkpoints_and_outputs_are_user_errors(tiny_run, tmp_path):
       call()
 
 
+_BAD_CONFIGS = {
+    "syntax.py": ("def get_config(:\n  pass\n", r"syntax\.py:1: SyntaxError: "),
+    "no_get.py": ("X = 1\n", r"no_get\.py: defines no get_config\(\)"),
+    "raises.py": ("import ml_collections\n\ndef get_config():\n  c = ml_collections.ConfigDict()\n  return c.nope\n",
+                  r"raises\.py:5: in get_config: AttributeError: "),
+}
+
+
+def test_a_config_file_that_fails_is_one_line_at_its_own_line(tmp_path):
+  """A config file with a syntax error, without get_config(), or whose get_config() raises: one ConfigError naming the
+  file and the line of the file (not the loader's), as every command loads one (cli.load_config_file)."""
+  for name, (text, pattern) in _BAD_CONFIGS.items():
+    (tmp_path / name).write_text(text)
+    with pytest.raises(cli.USER_ERRORS, match="config file .*" + pattern):
+      cli.load_config_file(str(tmp_path / name))
+  # an exception from elsewhere is not the config file's, and is not dressed as one
+  try:
+    raise KeyError("x")
+  except KeyError as e:
+    assert cli.config_file_failure(e, [str(tmp_path / "raises.py")]) is None
+
+
 @pytest.mark.slow  # subprocesses: the command lines themselves
 def test_bad_command_lines_are_one_line(tiny_run, tmp_path):
   workdir, _ = tiny_run
@@ -59,6 +81,14 @@ def test_bad_command_lines_are_one_line(tiny_run, tmp_path):
        "train.py: Found --config.train.num_steps=3 in argv before a value for --config was specified; put --config=FILE first"),
       ([sys.executable, "sample.py", f"--checkpoint={workdir}", "--step=2"],  # a user error, printed as one line
        "sample.py: sample.checkpoint_step: step 2 not in"),
+  ]
+  for name, (text, _) in _BAD_CONFIGS.items():  # what config_flags raises while it loads --config: the file's line
+    (tmp_path / name).write_text(text)
+  cases += [
+      ([sys.executable, "train.py", f"--config={tmp_path / 'raises.py'}", "--workdir=w"],
+       f"train.py: --config: {tmp_path / 'raises.py'}:5: in get_config: AttributeError: "),
+      ([sys.executable, "train.py", f"--config={tmp_path / 'syntax.py'}", "--config.train.num_steps=2", "--workdir=w"],
+       f"train.py: --config: {tmp_path / 'syntax.py'}:1: SyntaxError: "),
   ]
   for cmd, expected in cases:
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
