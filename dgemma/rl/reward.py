@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dgemma import registry
+from dgemma.errors import ConfigError
 
 ScoreFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], np.ndarray]
 
@@ -53,22 +54,41 @@ register, names = REWARDS.register, REWARDS.names  # a study's module calls regi
 
 
 def _python_score(fn: Callable) -> ScoreFn:
+  """The batch score of the user's rl.reward_fn: each sample's value a finite float; anything else, or an exception
+  the function raises, is one ConfigError naming rl.reward_fn, the sample's index and its completion."""
   params = inspect.signature(fn).parameters
   takes = lambda name: name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
   extra = [name for name in ("prompt", "reference") if takes(name)]
 
-  def one(prompt: str, completion: str, reference: str) -> float:
-    kwargs = {name: value for name, value in (("prompt", prompt), ("reference", reference)) if name in extra}
-    value = float(fn(completion, **kwargs))
-    if not np.isfinite(value):
-      raise ValueError(f"rl.reward_fn: returned {value} for the completion {completion[:60]!r}")
-    return value
-  return per_sample(one)
+  def score(prompts: Sequence[str], completions: Sequence[str], references: Sequence[str]) -> np.ndarray:
+    out = np.empty(len(completions), np.float64)
+    for n, (prompt, completion, reference) in enumerate(zip(prompts, completions, references)):
+      kwargs = {name: value for name, value in (("prompt", prompt), ("reference", reference)) if name in extra}
+      where = f"rl.reward_fn: sample {n} (completion {completion[:60]!r})"
+      try:
+        value = fn(completion, **kwargs)
+      except Exception as e:  # pylint: disable=broad-except  (the user's code: one line naming it)
+        raise ConfigError(f"{where}: {type(e).__name__}: {e}") from e
+      if isinstance(value, (str, bytes)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigError(f"{where}: returned {type(value).__name__} {value!r:.60}, not a number")
+      if not np.isfinite(value):
+        raise ConfigError(f"{where}: returned {value}, not a finite number")
+      out[n] = float(value)
+    return out
+  return score
+
+
+def check_python_reward(fn: Callable) -> None:
+  """Calls the user's rl.reward_fn on one small synthetic sample (prompt 'Q', completion '42', reference '42')
+  before anything is compiled, so a function that raises or returns a non-number fails at once, in one line."""
+  _python_score(fn)(["Q"], ["42"], ["42"])
 
 
 def scorer(rl) -> ScoreFn:
   """The batch score of the settings `rl` (an RLSettings) name; errors name the field."""
   reward = REWARDS.lookup(rl.reward)
   if reward.name == "python":
-    return _python_score(registry.load_function(rl.reward_fn, "rl.reward_fn"))
+    fn = registry.load_function(rl.reward_fn, "rl.reward_fn")
+    check_python_reward(fn)
+    return _python_score(fn)
   return reward.score

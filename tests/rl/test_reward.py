@@ -15,6 +15,7 @@ def score(name, prompts, completions, references, **kw):
 
 
 def test_registry_lists_the_builtins_and_the_studies():
+  import proj.sudoku.reward  # noqa: F401  (registers the study's rewards, as a config naming it in `imports` does)
   names = reward.names()
   assert {"exact_match", "python", "sudoku", "sudoku_partial"} <= set(names)
 
@@ -43,9 +44,24 @@ def test_a_bad_reward_function_is_one_line_naming_the_field(path, message):
     reward.scorer(RLSettings(reward="python", reward_fn=path))
 
 
-def test_a_non_finite_reward_is_refused():
-  with pytest.raises(ValueError, match="rl.reward_fn: returned nan"):
-    score("python", [""], ["x"], [""], reward_fn="tests.rl.toy_rewards:not_finite")
+@pytest.mark.parametrize("fn, message", [
+    ("not_finite", r"sample 0 \(completion '42'\): returned nan, not a finite number"),
+    ("returns_none", r"sample 0 \(completion '42'\): returned NoneType None, not a number"),
+    ("returns_text", r"sample 0 \(completion '42'\): returned str '42', not a number"),
+    ("raises_at_once", r"sample 0 \(completion '42'\): RuntimeError: cannot score 42"),
+])
+def test_a_reward_function_that_fails_on_a_synthetic_sample_is_refused_at_once(fn, message):
+  """scorer() calls rl.reward_fn once on a synthetic sample (before a run builds anything, rl_step.check): a
+  function returning a non-number or non-finite value, or raising, is one ConfigError naming rl.reward_fn."""
+  with pytest.raises(ConfigError, match="rl.reward_fn: " + message):
+    reward.scorer(RLSettings(reward="python", reward_fn=f"tests.rl.toy_rewards:{fn}"))
+
+
+def test_a_reward_function_that_fails_later_names_the_sample():
+  score_fn = reward.scorer(RLSettings(reward="python", reward_fn="tests.rl.toy_rewards:raises"))  # passes the check
+  np.testing.assert_array_equal(score_fn(["", ""], ["42", "42"], ["", ""]), [1.0, 1.0])
+  with pytest.raises(ConfigError, match=r"rl.reward_fn: sample 1 \(completion 'x'\): KeyError: 'x'"):
+    score_fn(["", ""], ["42", "x"], ["", ""])
 
 
 def test_settings_name_what_is_missing():

@@ -18,4 +18,20 @@ def not_finite(completion):
   return float("nan")
 
 
+def returns_none(completion):
+  del completion
+
+
+def returns_text(completion):
+  return completion
+
+
+def raises(completion):
+  return {"42": 1.0}[completion]   # fine on the synthetic check's '42', a KeyError on anything else
+
+
+def raises_at_once(completion):
+  raise RuntimeError(f"cannot score {completion}")
+
+
 NOT_A_FUNCTION = 3
