@@ -29,6 +29,7 @@ import re
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -74,6 +75,25 @@ def read_config_json(workdir: str | os.PathLike) -> str:
 
 def write_config_json(workdir: str | os.PathLike, text: str) -> None:
   files.write_text_atomic(Path(workdir) / CONFIG_FILE, text)
+
+
+def check_writable(workdir: str | os.PathLike) -> None:
+  """A run's workdir can be made and written, or one CheckpointError naming it, before anything is built (a
+  read-only mount, a directory without permission): a probe file is created and removed in the workdir, or in its
+  nearest existing parent when it does not exist yet."""
+  path = Path(workdir)
+  where = path
+  while not where.exists() and where != where.parent:
+    where = where.parent
+  if not where.is_dir():
+    raise CheckpointError(f"--workdir: {workdir} cannot be made: {where} is not a directory")
+  try:
+    fd, name = tempfile.mkstemp(prefix=".write_check_", dir=where)
+    os.close(fd)
+    os.unlink(name)
+  except OSError as e:
+    raise CheckpointError(f"--workdir: {workdir} cannot be written ({where}: {e.strerror or e}); use a writable "
+                          "--workdir (a run writes its checkpoints, config.json and metrics there)") from None
 
 
 @contextlib.contextmanager

@@ -5,8 +5,8 @@ tokenized and packed by grain (pipeline.py), with SFT rows (sft.py).
   it = dgemma.data.make_iterator(settings, prepared, "train")
 """
 
-from dgemma.data.pipeline import DataIterator, PreparedData
+from dgemma.data.pipeline import DataChanged, DataIterator, PreparedData
 from dgemma.data.shakespeare import fetch_shakespeare
 from dgemma.data.sources import SOURCES, make_iterator, prepare
 
-__all__ = ["DataIterator", "PreparedData", "SOURCES", "fetch_shakespeare", "make_iterator", "prepare"]
+__all__ = ["DataChanged", "DataIterator", "PreparedData", "SOURCES", "fetch_shakespeare", "make_iterator", "prepare"]

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import grain
@@ -57,6 +58,7 @@ class PreparedData:
   text_key: str
   splits: tuple[str, ...]
   _open_split: Callable[[str], Any] = dataclasses.field(repr=False)
+  files: tuple = ()   # ((path, size, mtime_ns), ...) of the local files it was built from: a resume names a changed one
 
   def data_source(self, split: str):
     """The random-access source (len() + indexing) of a split; examples are dicts."""
@@ -99,8 +101,11 @@ def prepare_local(settings) -> PreparedData:
   def open_split(split, builder=builder):
     return builder.as_data_source(split=split)
 
+  files = tuple((path, Path(path).stat().st_size, Path(path).stat().st_mtime_ns)
+                for path in builder.builder_config.files)
   return _with_tokenizer(settings, dict(dataset_id=builder.builder_config.name, text_key="text",
-                                        splits=tuple(sorted(builder.info.splits.keys())), _open_split=open_split))
+                                        splits=tuple(sorted(builder.info.splits.keys())), _open_split=open_split,
+                                        files=files))
 
 
 def prepare_tfds(settings) -> PreparedData:
@@ -216,6 +221,22 @@ def _restore_tuples(state):
   return state
 
 
+class DataChanged(DataError):
+  """A data iterator state saved on other files than the iterator reads (`DataIterator.set_state`): the message
+  names them."""
+
+
+def _changed_files(saved: list, now: list) -> str:
+  """What differs between two iterator states' files ([path, size, mtime_ns] each)."""
+  before, after = ({path: (size, mtime) for path, size, mtime in files} for files in (saved, now))
+  edited = [p for p in after if p in before and before[p] != after[p]]
+  parts = [f"{p} changed (size {before[p][0]} -> {after[p][0]} bytes)" if before[p][0] != after[p][0] else
+           f"{p} changed (modified after the checkpoint was saved)" for p in edited]
+  parts += [f"{p} is new" for p in after if p not in before]
+  parts += [f"{p} is no longer read" for p in before if p not in after]
+  return "; ".join(parts) or "the dataset was built with other settings"
+
+
 class DataIterator:
   """Iterator over packed batches with a JSON-serializable, exactly-resumable state."""
 
@@ -244,6 +265,8 @@ class DataIterator:
     """Resumes at `state` (from get_state): the next batches are those that followed it."""
     if state.get("format") != _STATE_FORMAT or "grain" not in state:
       raise ValueError(f"not a dgemma data iterator state (format {state.get('format')!r})")
+    if state.get("dataset_id") != self._identity["dataset_id"] and state.get("files") and self._identity.get("files"):
+      raise DataChanged(_changed_files(state["files"], self._identity["files"]))
     for key in _STATE_IDENTITY:
       if state.get(key) != self._identity[key]:
         raise ValueError(f"data iterator state is for {key}={state.get(key)!r}, but this iterator "
@@ -302,5 +325,5 @@ def make_text_iterator(settings, prepared: PreparedData, split: str, *, shard_in
   batches = batches.map(FillBatch(batch_size, tokenizer.pad_id))
   identity = dict(dataset_id=prepared.dataset_id, split=split, shard_index=shard_index,
                   shard_count=shard_count, sharding=sharding, seed=seed, shuffle=shuffle,
-                  seq_len=seq_len, batch_size=batch_size)
+                  seq_len=seq_len, batch_size=batch_size, files=[list(f) for f in prepared.files])
   return DataIterator(batches, identity)

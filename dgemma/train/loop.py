@@ -53,7 +53,7 @@ from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.checkpoints.orbax_logs import quiet_orbax
 from dgemma.diffusion import distill as distill_lib
-from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged, TrainingInterrupted
+from dgemma.errors import CheckpointError, ConfigError, DataError, TrainingDiverged, TrainingInterrupted
 from dgemma.train import evaluate, interrupts, metrics as metrics_lib, optimizer as optimizer_lib, rl_step
 from dgemma.train import state as state_lib, step as step_lib
 
@@ -251,6 +251,8 @@ def train_and_evaluate(config, workdir: str, *,
   quiet_orbax()
   if Path(workdir).exists() and not Path(workdir).is_dir():
     raise ConfigError(f"--workdir: {workdir} is a file, not a directory")
+  if jax.process_index() == 0:
+    workdir_ckpt.check_writable(workdir)
   # bad config -> one clear error, before any work; below, typed settings only
   settings = config if isinstance(config, settings_lib.Settings) else settings_lib.from_config(config)
   optimizer_lib.check(settings.opt, settings.finetune)
@@ -299,7 +301,16 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   if restored_step is not None:
     data_state = workdir_ckpt.this_process_data_state(data_state)
     if data_state is not None:
-      train_iter.set_state(data_state)
+      try:
+        train_iter.set_state(data_state)
+      except data_lib.DataChanged as e:
+        if settings.data.changed_files != "restart":
+          raise DataError(f"data.files: {e} since step {restored_step} of {workdir_path} was saved, so its place in "
+                          "the data cannot carry over. Train in a new --workdir, or resume with "
+                          "--config.data.changed_files=restart (the model and optimizer resume; the changed data is "
+                          "read from its beginning)") from None
+        logging.warning("data.files: %s since step %d was saved; data.changed_files='restart': the data is read "
+                        "from its beginning", e, restored_step)
     logging.info("Resumed from step %d (%s)", restored_step, workdir_ckpt.checkpoint_dir(workdir_path))
   elif train_cfg.init_from:
     state = state_lib.state_from_checkpoint(train_cfg.init_from, model_cfg, optimizer, state_shardings,

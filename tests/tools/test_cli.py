@@ -41,6 +41,9 @@ def test_bad_checkpoints_and_outputs_are_user_errors(tiny_run, tmp_path):
   (broken_hf / "model.safetensors").write_bytes(b"")
   cases = [(lambda: loop.train_and_evaluate(config, str(tmp_path / "plain")),
             f"--workdir: {tmp_path / 'plain'} is a file, not a directory"),
+           # a workdir that cannot be written (sysfs refuses new entries, even to root): refused before any work
+           (lambda: loop.train_and_evaluate(config, "/sys/dgemma_workdir/run"),
+            r"--workdir: /sys/dgemma_workdir/run cannot be written \(/sys: [^)]+\); use a writable --workdir"),
            (lambda: api.sample_command(str(broken)), f"{broken / 'config.json'}: not valid JSON"),
            (lambda: api.sample_command(str(broken_hf)), f"{broken_hf / 'config.json'}: not valid JSON"),
            (lambda: api.sample_command(str(workdir), out=str(tmp_path)), f"--out: {tmp_path} is a directory; name a file"),

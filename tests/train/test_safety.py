@@ -21,7 +21,7 @@ from dgemma import mesh as mesh_lib
 from dgemma import run_report
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import workdir as workdir_ckpt
-from dgemma.errors import CheckpointError, ConfigError, TrainingDiverged
+from dgemma.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 from dgemma.train import loop, optimizer as optimizer_lib, state as state_lib, step as step_lib
 from tests.train.test_loop import QUICK_FLAGS, _quick, _quick_state, _small
 
@@ -395,3 +395,26 @@ def test_a_second_signal_exits_at_once():
   assert out.returncode == 130, out.stderr[-3000:]
   assert out.stdout.splitlines() == ["requested True SIGINT"]
   assert "SIGINT again: exiting now" in out.stderr
+
+
+def test_a_resume_whose_data_files_changed_names_them_and_restart_goes_on(quick_run, corpus_file, tmp_path):
+  """A data file edited between a run's checkpoint and its resume: the resume is refused in one DataError naming
+  the file, its size change and what to do; nothing is written. With data.changed_files='restart' the run resumes
+  its model and optimizer and reads the changed data from its beginning, to the end of the schedule."""
+  data = tmp_path / "corpus.txt"
+  data.write_text(corpus_file.read_text())
+  config = quick_run.new_config()
+  config.data.files = (str(data),)
+  wd = tmp_path / "wd"
+  loop.train_and_evaluate(config, str(wd), stop_after_steps=2)
+  assert workdir_ckpt.steps(wd) == [2]
+  size = data.stat().st_size
+  with open(data, "a", encoding="utf-8") as f:
+    f.write("A line added after the checkpoint.\n")
+  with pytest.raises(DataError, match=rf"data.files: {data} changed \(size {size} -> {size + 35} bytes\) since step "
+                     rf"2 of {wd} was saved.*--config.data.changed_files=restart"):
+    loop.train_and_evaluate(config, str(wd))
+  assert workdir_ckpt.steps(wd) == [2]
+  config.data.changed_files = "restart"
+  state = loop.train_and_evaluate(config, str(wd))
+  assert int(state.step) == config.train.num_steps and workdir_ckpt.steps(wd)[-1] == config.train.num_steps
