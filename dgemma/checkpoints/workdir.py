@@ -171,6 +171,26 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, data_state: dict
   manager.save(step, args=ocp.args.Composite(**items))
 
 
+def save_error(workdir: str | os.PathLike, error: BaseException) -> CheckpointError:
+  """One line for a checkpoint save that failed (a full disk, a file size limit, a lost mount): the step's
+  directory, the system's reason, the free space left there, and the last complete checkpoint, which is kept."""
+  text = str(error)
+  code = re.search(r"os_error_code='(\d+)'", text)
+  errno_value = getattr(error, "errno", None) or (int(code.group(1)) if code else None)
+  reason = os.strerror(errno_value) if errno_value else (text.strip().splitlines() or [type(error).__name__])[0][:200]
+  step = re.search(r"checkpoints/(\d+)(?:\.orbax-checkpoint-tmp)?", text)
+  root = checkpoint_dir(workdir)
+  where = root / step.group(1) if step else root
+  try:
+    free = f"{shutil.disk_usage(root if root.exists() else workdir).free / 2**30:.2f} GiB free there"
+  except OSError:
+    free = "free space unknown"
+  kept = steps(workdir)
+  last = f"the last complete checkpoint, step {kept[-1]}, is kept" if kept else "no complete checkpoint was saved yet"
+  return CheckpointError(f"saving checkpoint {where} failed: {reason} ({free}); training stopped and {last}. Free "
+                         "space (or raise the limit) and re-run the command to resume")
+
+
 # ---- reading, and naming what is broken ------------------------------------------------------------
 
 _TENSORSTORE_FILE = re.compile(r'local file "([^"]+)"')

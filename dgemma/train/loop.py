@@ -51,6 +51,7 @@ from dgemma import finetune as finetune_lib
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import workdir as workdir_ckpt
+from dgemma.checkpoints import orbax_logs
 from dgemma.checkpoints.orbax_logs import quiet_orbax
 from dgemma.diffusion import distill as distill_lib
 from dgemma.errors import CheckpointError, ConfigError, DataError, TrainingDiverged, TrainingInterrupted
@@ -360,12 +361,17 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   skips_in_a_row = 0
   last_saved = restored_step
   interrupted = False
-  with interrupts.StopRequest() as stop:  # SIGINT / SIGTERM: this step is the last, saved (interrupts.py)
+  with interrupts.StopRequest() as stop, orbax_logs.closed_loop_noise_dropped():  # SIGINT / SIGTERM: this step is
+    # the last, saved (interrupts.py); a failed asynchronous save is one line (workdir_ckpt.save_error)
     try:
       host_batch = next(train_iter) if start_step < end_step else None
       for step in range(start_step, end_step, advance):
         state, metrics = train_step(state, step_lib.device_batch(host_batch, data_sharding), base_rng)
         done = step + advance
+        try:  # a save that failed in the background stops the run here, not at the next save
+          manager.check_for_errors()
+        except Exception as e:  # pylint: disable=broad-except  (the disk's, in one line)
+          raise workdir_ckpt.save_error(workdir_path, e) from None
         stream_state = train_iter.get_state()  # the stream after this step's batch: what its checkpoint resumes
         # The next batch is made here, while the device runs this step (dispatch returns before it finishes).
         host_batch = next(train_iter, None) if done < end_step else None
@@ -410,16 +416,25 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
                                                          data_sharding, eval_rng), prefix="eval")
           window_start = time.perf_counter()  # do not count evaluation in tokens/s
         if reached(done, train_cfg.ckpt_every) or last:
-          workdir_ckpt.save(manager, done, state, workdir_ckpt.all_process_data_states(stream_state))
+          try:  # an asynchronous save's failure surfaces at the next save (or at the end, below)
+            workdir_ckpt.save(manager, done, state, workdir_ckpt.all_process_data_states(stream_state))
+          except Exception as e:  # pylint: disable=broad-except  (the disk's, in one line)
+            raise workdir_ckpt.save_error(workdir_path, e) from None
           last_saved = done
         if last:
           break
     finally:
-      manager.wait_until_finished()
-      manager.close()
+      save_failed = None
+      try:
+        manager.wait_until_finished()
+        manager.close()
+      except Exception as e:  # pylint: disable=broad-except  (an asynchronous save that failed)
+        save_failed = workdir_ckpt.save_error(workdir_path, e)
       writer.close()
       if bar is not None:
         bar.close()
+    if save_failed is not None:  # raised only when nothing else was: a first error is the one reported
+      raise save_failed
   if interrupted:
     raise TrainingInterrupted(f"interrupted by {stop.name} after step {done} of {num_steps}; saved: "
                               f"{workdir_ckpt.step_dir(workdir_path, done)}", stop.signum)

@@ -418,3 +418,33 @@ def test_a_resume_whose_data_files_changed_names_them_and_restart_goes_on(quick_
   config.data.changed_files = "restart"
   state = loop.train_and_evaluate(config, str(wd))
   assert int(state.step) == config.train.num_steps and workdir_ckpt.steps(wd)[-1] == config.train.num_steps
+
+
+def test_a_save_that_fails_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(quick_run, tmp_path):
+  """A checkpoint that cannot be written (here a file size limit, RLIMIT_FSIZE of 200 kB for this process: every
+  write past it fails, as on a full disk) while saving asynchronously: the run stops at the first step after the
+  failure is known with one CheckpointError naming the step's directory, the system's reason and the free space,
+  and keeping the last complete checkpoint; re-run without the limit, it resumes there and ends as the
+  uninterrupted run did."""
+  import resource
+  import signal
+  config = quick_run.new_config()
+  config.train.async_checkpointing = True
+  wd = tmp_path / "wd"
+  loop.train_and_evaluate(config, str(wd), stop_after_steps=2)
+  assert workdir_ckpt.steps(wd) == [2]
+  soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+  handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), not the process
+  resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, hard))
+  try:
+    with pytest.raises(CheckpointError, match=rf"saving checkpoint {wd / 'checkpoints'}/4 failed: File too large "
+                       r"\([0-9.]+ GiB free there\); training stopped and the last complete checkpoint, step 2, is "
+                       r"kept"):
+      loop.train_and_evaluate(config, str(wd))
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, handler)
+  assert workdir_ckpt.steps(wd) == [2]
+  resumed = loop.train_and_evaluate(config, str(wd))
+  chex.assert_trees_all_equal(jax.device_get(resumed.params), quick_run.state.params)
+  chex.assert_trees_all_equal(jax.device_get(resumed.opt_state), quick_run.state.opt_state)
