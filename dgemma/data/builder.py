@@ -15,9 +15,11 @@ split settings, so different corpora or settings never share a cache entry.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging as py_logging
 import os
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -25,6 +27,8 @@ from typing import Iterator, Sequence
 from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging
+from tensorflow_datasets.core.utils import tqdm_utils as tfds_tqdm
 
 from dgemma.data import jsonl, sft, shakespeare
 from dgemma.errors import ConfigError, DataError
@@ -54,6 +58,14 @@ class LocalText(tfds.core.GeneratorBasedBuilder):
 
   name = "dgemma_local_text"
   VERSION = tfds.core.Version("1.0.0")
+
+  def _log_download_bytes(self) -> None:
+    # TFDS prints "Downloading and preparing dataset Unknown size ..." for every build; nothing is downloaded
+    logging.info("data: building %s from %s into %s (once; later runs read it)", self.builder_config.name,
+                 self.builder_config.description, self.data_dir)
+
+  def _log_download_done(self) -> None:
+    logging.info("data: %s built", self.builder_config.name)
 
   @tfds.core.utils.classproperty
   @classmethod
@@ -219,14 +231,42 @@ def tfds_dir(data_config) -> Path:
   return Path(data_config.cache_dir) / "tfds"
 
 
+class _QuietTfds(py_logging.Filter):
+  """While dgemma makes and builds a local dataset: TFDS's INFO records (the shard files it wrote, "Generating
+  dataset", with this module's own two lines instead) and its warning "Using custom data configuration: <the whole
+  config>" for every builder made from a config object (2,000+ characters for a corpus of 42 files)."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    if "tensorflow_datasets" not in record.pathname:
+      return True
+    return record.levelno > py_logging.INFO and not str(record.msg).startswith("Using custom data configuration")
+
+
+@contextlib.contextmanager
+def _quiet_tfds() -> Iterator[None]:
+  """_QuietTfds on absl's logger and TFDS's progress bars off (a corpus builds in seconds; the bars leave escape
+  codes in a log file), both as they were afterwards."""
+  logger, quiet, bars = py_logging.getLogger("absl"), _QuietTfds(), tfds_tqdm._active  # pylint: disable=protected-access
+  logger.addFilter(quiet)
+  tfds.display_progress_bar(False)
+  try:
+    yield
+  finally:
+    tfds.display_progress_bar(bars)
+    logger.removeFilter(quiet)
+
+
 def make_builder(data_config) -> LocalText:
   """The (not necessarily built) LocalText builder for data_config."""
-  return LocalText(config=make_builder_config(data_config), data_dir=str(tfds_dir(data_config)),
-                   file_format="array_record")
+  with _quiet_tfds():
+    return LocalText(config=make_builder_config(data_config), data_dir=str(tfds_dir(data_config)),
+                     file_format="array_record")
 
 
 def build_local_dataset(data_config) -> LocalText:
-  """Builds (once; later calls reuse the cache) and returns the LocalText builder."""
+  """Builds (once; later calls reuse the cache) and returns the LocalText builder: two log lines when it builds
+  (`_quiet_tfds`)."""
   builder = make_builder(data_config)
-  builder.download_and_prepare(file_format="array_record")
+  with _quiet_tfds():
+    builder.download_and_prepare(file_format="array_record")
   return builder

@@ -112,7 +112,8 @@ class TrainSettings:
   ckpt_every: int = setting(200, "steps per checkpoint", lo=1)
   keep_checkpoints: int = setting(3, "checkpoints kept (the oldest rotated away)", lo=1)
   async_checkpointing: bool = setting(True, "write checkpoints while training goes on")
-  progress_bar: bool = setting(True, "a tqdm progress bar")
+  progress_bar: bool = setting(True, "a tqdm progress bar, where stderr is a terminal or a notebook (not in a log "
+                                     "file or a pipe: the log lines only)")
   init_from: str = setting("", "a checkpoint of any kind (a run's latest step, params, adapter, HF directory) to "
                            "start from; params only")
   nonfinite: str = setting("halt", "a non-finite loss, gradient norm or state: 'halt' (error naming the step; "

@@ -13,6 +13,7 @@ flag, a config flag that reports a missing file as such, and a main() tail that 
 from __future__ import annotations
 
 import importlib.util
+import logging as py_logging
 import re
 import shlex
 import sys
@@ -155,9 +156,21 @@ def resume_command() -> str:
   return " ".join(shlex.quote(a) for a in ["python"] + sys.argv)
 
 
+class _NoPlatformProbe(py_logging.Filter):
+  """JAX's INFO line for each platform it tried and did not find ("Unable to initialize backend 'tpu': ... libtpu.so
+  ..."), printed by every command on a machine without that accelerator."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    return not (record.levelno <= py_logging.INFO and str(record.msg).startswith("Unable to initialize backend"))
+
+
 def run(main: Callable, prog: str, user_errors: tuple = ()) -> None:
-  """app.run(main) with `parse_flags` and bad input (USER_ERRORS + `user_errors`) as one line."""
+  """app.run(main) with `parse_flags` and bad input (USER_ERRORS + `user_errors`) as one line, without JAX's
+  platform-probing notes (`_NoPlatformProbe`)."""
   caught = USER_ERRORS + tuple(user_errors)
+  probe = py_logging.getLogger("jax._src.xla_bridge")
+  if not any(isinstance(f, _NoPlatformProbe) for f in probe.filters):
+    probe.addFilter(_NoPlatformProbe())
 
   def guarded(argv):
     jax_cache.enable()

@@ -355,7 +355,7 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
     tokens_per_step = settings.data.batch_size * settings.rl.group_size * settings.diffusion.canvas_len // advance
   reached = lambda done, every: done // every != (done - advance) // every  # a multiple of `every` in this call
   bar = None
-  if train_cfg.progress_bar and jax.process_index() == 0:
+  if train_cfg.progress_bar and jax.process_index() == 0 and metrics_lib.interactive_output():
     bar = tqdm(total=num_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
   window_start, window_steps, pending = time.perf_counter(), 0, []
   skips_in_a_row = 0

@@ -24,6 +24,17 @@ from dgemma.checkpoints import workdir as workdir_ckpt
 METRICS_FILE = "metrics.jsonl"
 
 
+def interactive_output() -> bool:
+  """Whether stderr is read as it is written: a terminal, or a notebook (IPython's kernel). A progress bar belongs
+  there; in a log file or a pipe its redraws are escape codes between the log lines."""
+  try:
+    if sys.stderr.isatty():
+      return True
+  except (AttributeError, ValueError):  # a replaced or closed stream
+    pass
+  return "ipykernel" in sys.modules
+
+
 def read_metrics(workdir: str | Path) -> list[dict]:
   """The records of WORKDIR/metrics.jsonl (a half-written last line, which kill -9 can leave, is skipped)."""
   path = Path(workdir) / METRICS_FILE

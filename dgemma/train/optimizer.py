@@ -31,6 +31,10 @@ from dgemma.model.transformer import boxed_param_shapes
 
 def make_schedule(opt, num_steps: int) -> optax.Schedule:
   warmup = min(int(opt.warmup_steps), max(num_steps - 1, 0))
+  if warmup == 0:  # the cosine part of the schedule below, as optax computes it (its empty warmup logs a note)
+    end_value = opt.lr * opt.end_lr_fraction
+    return optax.cosine_decay_schedule(init_value=opt.lr, decay_steps=max(num_steps, 1),
+                                       alpha=0.0 if opt.lr == 0 else end_value / opt.lr)
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=opt.lr, warmup_steps=warmup, decay_steps=max(num_steps, warmup + 1),
       end_value=opt.lr * opt.end_lr_fraction)

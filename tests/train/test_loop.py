@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -353,10 +354,14 @@ def test_eight_virtual_devices_match_one_device(tmp_path):
 
 @pytest.mark.slow  # subprocesses (train.py)
 def test_train_py_end_to_end(tiny_config, tmp_path):
+  """train.py of _quick's run on a corpus it builds (a new data cache): the settings it saved, its checkpoints, and
+  a quiet log, its stderr a pipe as in a log file: one line when the data is built and one when done, a line per
+  logged metrics row, nothing else (no JAX platform probing, no TFDS notes, progress bars or escape codes, no
+  optax note on an empty warmup)."""
   workdir = tmp_path / "wd"
   cmd = [sys.executable, "train.py", "--config=configs/tiny_test.py", f"--workdir={workdir}",
          "--config.data.source=files", f"--config.data.files=('{tiny_config.data.files[0]}',)",
-         f"--config.data.cache_dir={tiny_config.data.cache_dir}",
+         f"--config.data.cache_dir={tmp_path / 'data_cache'}",
          # the command line, not the model, is under test: _quick's run (its programs are in the compile cache)
          *QUICK_FLAGS]
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -365,6 +370,12 @@ def test_train_py_end_to_end(tiny_config, tmp_path):
   assert saved["train"]["num_steps"] == 8 and saved["opt"]["lr"] == 2e-3 and saved["model"]["num_experts"] == 0
   assert saved["diffusion"]["self_cond_prob"] == 0.0
   assert workdir_ckpt.steps(workdir)[-1] == 8
+  lines = out.stderr.splitlines()
+  assert not any(c in out.stderr for c in "\r\x1b") and not out.stdout.strip(), out.stderr[-2000:]
+  data = [line for line in lines if "] data: " in line]
+  rows = [line for line in lines if re.search(r"\] \[(train|eval)\] step \d+: ", line)]
+  assert len(data) == 2 and "from 1 file(s): " in data[0] and data[1].endswith(" built"), lines
+  assert len(rows) == 7 and len(lines) == len(data) + len(rows), lines  # log_every 2, eval_every 3 and at the end
 
 
 # ---- objectives wiring, router losses, memory knobs (tiny shapes: a few compiles) ----------------

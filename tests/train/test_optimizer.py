@@ -151,3 +151,19 @@ def test_resuming_with_another_optimizer_is_an_architecture_difference():
   old_json = json.loads(settings_lib.to_json(saved))
   del old_json["opt"]["optimizer"]
   assert settings_lib.from_json(json.dumps(old_json)).opt.optimizer == "adamw"
+
+
+def test_a_schedule_without_warmup_is_optaxs_cosine_bit_for_bit(caplog):
+  """opt.warmup_steps=0 builds the cosine decay alone (optax's warmup schedule with no warmup logs a note about
+  its empty linear part on every run): the same learning rate at every step, exactly, and no note."""
+  import logging
+  from types import SimpleNamespace
+  for lr, fraction, steps in ((3e-4, 0.1, 100), (2e-3, 0.0, 8), (1e-3, 0.5, 1)):
+    opt = SimpleNamespace(lr=lr, end_lr_fraction=fraction, warmup_steps=0)
+    with caplog.at_level(logging.INFO):
+      schedule = optimizer_lib.make_schedule(opt, steps)
+      values = [float(schedule(step)) for step in range(steps + 3)]
+    assert not [r for r in caplog.records if "transition_steps" in r.getMessage()]
+    reference = optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=lr, warmup_steps=0,
+                                                   decay_steps=max(steps, 1), end_value=lr * fraction)
+    assert values == [float(reference(step)) for step in range(steps + 3)]
