@@ -41,9 +41,9 @@ from dgemma import data as data_lib
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import convert as convert_lib
-from dgemma.data import sft
+from dgemma.data import jsonl, sft
 from dgemma.diffusion import likelihood, objectives
-from dgemma.errors import ConfigError
+from dgemma.errors import ConfigError, DataError
 from dgemma.model import Transformer
 from dgemma.sampling import LivePrinter, StepView, ar_generate, check_request, generate, trajectory_steps
 from dgemma.sampling.generation import bucketed_shape
@@ -403,9 +403,10 @@ def call_overrides(autoregressive: bool, *, max_new_tokens: Optional[int] = None
                    **sample_overrides) -> dict:
   """{dotted key: value} of one call's overrides (`call_settings`), their shorthands checked."""
   if steps is not None and not (isinstance(steps, int) and steps >= 1):
-    raise ConfigError(f"--steps (sample.max_denoising_steps): must be an integer >= 1, got {steps!r}")
+    raise ConfigError(f"steps (sample.max_denoising_steps; sample.py --steps): must be an integer >= 1, got {steps!r}")
   if temperature is not None and not (temperature > 0 or (temperature == 0 and autoregressive)):
-    raise ConfigError(f"--temperature: must be > 0 (0 = greedy for an AR model), got {temperature}")
+    raise ConfigError(f"temperature (sample.t_max and t_min; sample.py --temperature): must be > 0 (0 = greedy for "
+                      f"an AR model), got {temperature}")
   dotted = {f"sample.{name}": value for name, value in (("max_new_tokens", max_new_tokens),
                                                         ("max_denoising_steps", steps), ("seed", seed))
             if value is not None}
@@ -468,10 +469,16 @@ def read_prompts(path: str, field: str = "--prompts") -> list[Union[str, list]]:
   if not p.is_file():
     raise FileNotFoundError(f"{field}: {path} does not exist")
   items: list = []
+  if p.suffix not in (".txt", ".jsonl"):
+    raise ValueError(f"{field}: {path} must be a .txt or .jsonl file")
+  try:
+    text = jsonl.decode(p.read_bytes(), path, hint="save the prompts as UTF-8")
+  except DataError as e:
+    raise DataError(f"{field}: {e}") from None
   if p.suffix == ".txt":
-    items = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-  elif p.suffix == ".jsonl":
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    items = [line for line in text.splitlines() if line.strip()]
+  else:
+    for n, line in enumerate(text.splitlines(), 1):
       if not line.strip():
         continue
       try:
@@ -484,8 +491,6 @@ def read_prompts(path: str, field: str = "--prompts") -> list[Union[str, list]]:
         items.append(record["messages"])
       else:
         raise ValueError(f"{field}: {path} line {n}: needs a string 'prompt' or a list 'messages'")
-  else:
-    raise ValueError(f"{field}: {path} must be a .txt or .jsonl file")
   if not items:
     raise ValueError(f"{field}: {path} holds no prompts")
   return items

@@ -335,6 +335,8 @@ def rows(cls, prefix: str = "", imports: Sequence[str] = ()) -> list[tuple[str, 
       limits.append(f"{'>' if spec.lo_open else '>='} {spec.lo}")
     if spec.hi is not None:
       limits.append(f"{'<' if spec.hi_open else '<='} {spec.hi}")
+    if spec.zero_means is not None:  # 0 is allowed too: it stands for a value within the bounds
+      limits.append(f"or 0 = {spec.zero_means}")
     options = spec.options()
     if options is not None:
       limits.append(" | ".join(map(repr, options)))

@@ -19,7 +19,7 @@ from dgemma import api, checkpoints, quant, tokenizers
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import convert
 from dgemma.data import sft
-from dgemma.errors import ConfigError
+from dgemma.errors import ConfigError, DataError
 from dgemma.model import Transformer
 from dgemma.sampling import generate
 from dgemma.sampling.generation import bucketed_shape
@@ -279,7 +279,8 @@ def test_an_autoregressive_model_generates_with_the_ar_decoder(loaded):
 
 def test_bad_requests_fail_before_weights_are_read(loaded, monkeypatch):
   model = loaded[0]
-  with pytest.raises(ConfigError, match=r"--steps"):
+  with pytest.raises(ConfigError, match=r"^steps \(sample.max_denoising_steps; sample.py --steps\): must be an "
+                                        r"integer >= 1, got 0"):  # the argument's name first, then the CLI's
     model.generate("x", steps=0)
   with pytest.raises(ConfigError, match=r"sample\.lol"):
     model.generate("x", lol=1)
@@ -308,7 +309,7 @@ def test_sample_py_on_a_converted_checkpoint_with_prompts_and_out(loaded, tmp_pa
   assert all(r["decoder_passes"] > 0 for r in records)
   bad = subprocess.run([sys.executable, "sample.py", f"--checkpoint={path}", "--temperature=-1"], cwd=REPO,
                        capture_output=True, text=True, timeout=600)
-  assert bad.returncode != 0 and "sample.py: --temperature: must be > 0" in bad.stderr
+  assert bad.returncode != 0 and "sample.py: temperature (sample.t_max and t_min; sample.py --temperature): must be > 0" in bad.stderr
   assert "Traceback" not in bad.stderr
 
 
@@ -449,3 +450,11 @@ def test_a_sample_request_checks_reads_and_builds_once(loaded, monkeypatch):
   model.generate("the king", max_new_tokens=model.settings.sample.max_new_tokens, seed=0)
   assert counts == {"settings": 1, "check_request": 1, "tokenizer": 1, "model_config.json": 1,
                     "hf_config.json": 1}, counts
+
+
+def test_a_prompts_file_that_is_not_utf8_names_the_flag_file_and_line(tmp_path):
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_bytes("the king\n".encode() + "caf\u00e9\n".encode("latin-1"))
+  with pytest.raises(DataError, match=rf"^--prompts: {prompts} line 2: not valid UTF-8 \(byte 0xe9 .*\); save the "
+                     "prompts as UTF-8$"):
+    api.read_prompts(str(prompts))

@@ -16,14 +16,15 @@ from dgemma.errors import DataError
 ENCODING_HINT = "set data.encoding_errors='replace' to read it with U+FFFD in place of bad bytes"
 
 
-def decode(data: bytes, path: str | Path, encoding_errors: str = "strict", *, first_line: int = 1) -> str:
-  """UTF-8 text of `data` (the bytes of `path` from line `first_line` on); errors name file and line."""
+def decode(data: bytes, path: str | Path, encoding_errors: str = "strict", *, first_line: int = 1,
+           hint: str = ENCODING_HINT) -> str:
+  """UTF-8 text of `data` (the bytes of `path` from line `first_line` on); errors name file and line, then `hint`."""
   try:
     return data.decode("utf-8", errors=encoding_errors)
   except UnicodeDecodeError as e:
     line = first_line + data.count(b"\n", 0, e.start)
     raise DataError(f"{path} line {line}: not valid UTF-8 (byte {data[e.start]:#04x} at offset {e.start} of the "
-                     f"file: {e.reason}); {ENCODING_HINT}") from None
+                     f"file: {e.reason}); {hint}") from None
 
 
 def read_text(path: str | Path, encoding_errors: str = "strict") -> str:

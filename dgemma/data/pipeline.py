@@ -37,9 +37,11 @@ from dgemma.data import sft
 from dgemma.errors import ConfigError, DataError
 
 _STATE_FORMAT = 1
-# Fields of the iterator state that must match on set_state (else it is another stream).
+# Fields of the iterator state that must match on set_state (else it is another stream), and the settings behind them
 _STATE_IDENTITY = ("dataset_id", "split", "shard_index", "shard_count", "sharding", "seed",
                    "shuffle")
+_IDENTITY_SETTING = {"dataset_id": "the dataset (data.*)", "seed": "seed", "shuffle": "data.shuffle",
+                     "shard_count": "the number of processes", "shard_index": "this process's index"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,8 +224,8 @@ def _restore_tuples(state):
 
 
 class DataChanged(DataError):
-  """A data iterator state saved on other files than the iterator reads (`DataIterator.set_state`): the message
-  names them."""
+  """A data iterator state saved on other data than the iterator reads (`DataIterator.set_state`): other files, or
+  the same read otherwise (data.shuffle, seed, ...); the message names what changed."""
 
 
 def _changed_files(saved: list, now: list) -> str:
@@ -267,10 +269,10 @@ class DataIterator:
       raise ValueError(f"not a dgemma data iterator state (format {state.get('format')!r})")
     if state.get("dataset_id") != self._identity["dataset_id"] and state.get("files") and self._identity.get("files"):
       raise DataChanged(_changed_files(state["files"], self._identity["files"]))
-    for key in _STATE_IDENTITY:
-      if state.get(key) != self._identity[key]:
-        raise ValueError(f"data iterator state is for {key}={state.get(key)!r}, but this iterator "
-                         f"has {key}={self._identity[key]!r}")
+    changed = [f"{_IDENTITY_SETTING.get(key, key)}: {state.get(key)!r} -> {self._identity[key]!r}"
+               for key in _STATE_IDENTITY if state.get(key) != self._identity[key]]
+    if changed:
+      raise DataChanged(f"the data is read otherwise than when it was saved ({'; '.join(changed)})")
     for key in ("seq_len", "batch_size"):
       if state.get(key) != self._identity[key]:
         logging.warning("Restoring a data iterator saved with %s=%r into one with %s=%r",

@@ -59,9 +59,10 @@ class DataSettings(settings_fields.Extensible):
   prompt_field: str = setting("prompt", "format='sft': the .jsonl field of the prompt ...")
   response_field: str = setting("response", "... and of the response")
   messages_field: str = setting("messages", "... or a chat: [{role, content}, ...], the last turn the response")
-  changed_files: str = setting("refuse", "resuming a run whose data files changed since its checkpoint: 'refuse' "
-                               "(one line naming them) | 'restart' (the model and optimizer resume; the changed "
-                               "data is read from its beginning)", choices=("refuse", "restart"))
+  restart_if_changed: bool = setting(False, "resuming a run whose data changed since its checkpoint (its files, or "
+                                     "how they are read: data.shuffle, seed): False refuses in one line naming the "
+                                     "change; True resumes the model and optimizer and reads the data from its "
+                                     "beginning")
   sft_overflow: str = setting("truncate_left", "prompt + earlier canvases > seq_len - canvas_len: drop the oldest "
                               "context tokens ('truncate_left') or raise ('error')",
                               choices=("truncate_left", "error"))

@@ -93,10 +93,7 @@ def check_resume(workdir: Path, settings) -> list[str]:
                       f"{train.num_steps}) and was trained with other settings (saved -> new): "
                       f"{'; '.join(changes)}. Nothing would train with them, and what the workdir holds is the "
                       "saved run's model. Use a new --workdir, or raise train.num_steps to train on with them")
-  if changes:
-    logging.warning("Resuming %s from step %d with changed training settings (saved -> new; recorded in %s): %s",
-                    workdir, resume_step, CONFIG_CHANGES_FILE, "; ".join(changes))
-  return changes
+  return changes  # logged once the step it resumes from is restored (_train: a damaged step may fall back)
 
 
 def _record_config_changes(workdir: Path, step: int, changes: list[str]) -> None:
@@ -305,14 +302,17 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
       try:
         train_iter.set_state(data_state)
       except data_lib.DataChanged as e:
-        if settings.data.changed_files != "restart":
-          raise DataError(f"data.files: {e} since step {restored_step} of {workdir_path} was saved, so its place in "
-                          "the data cannot carry over. Train in a new --workdir, or resume with "
-                          "--config.data.changed_files=restart (the model and optimizer resume; the changed data is "
-                          "read from its beginning)") from None
-        logging.warning("data.files: %s since step %d was saved; data.changed_files='restart': the data is read "
-                        "from its beginning", e, restored_step)
+        if not settings.data.restart_if_changed:
+          raise DataError(f"data: {e} since step {restored_step} of {workdir_path} was saved, so its place in the "
+                          "data cannot carry over. Train in a new --workdir, keep the saved settings, or resume with "
+                          "--config.data.restart_if_changed=True (the model and optimizer resume; the data is read "
+                          "from its beginning)") from None
+        logging.warning("data: %s since step %d was saved; data.restart_if_changed: the data is read from its "
+                        "beginning", e, restored_step)
     logging.info("Resumed from step %d (%s)", restored_step, workdir_ckpt.checkpoint_dir(workdir_path))
+    if config_changes:
+      logging.warning("Resuming %s from step %d with changed training settings (saved -> new; recorded in %s): %s",
+                      workdir_path, restored_step, CONFIG_CHANGES_FILE, "; ".join(config_changes))
   elif train_cfg.init_from:
     state = state_lib.state_from_checkpoint(train_cfg.init_from, model_cfg, optimizer, state_shardings,
                                             settings.mesh.axis_rules, init_fn, jax.random.PRNGKey(settings.seed),

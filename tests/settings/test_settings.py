@@ -197,6 +197,8 @@ def test_the_settings_command_lists_a_prefix_shows_a_run_or_refuses(tmp_path, ca
   from dgemma.settings.__main__ import main
   main(["prog", "sample.t_max"])
   assert capsys.readouterr().out.startswith("sample.t_max (float) = ")
+  main(["prog", "sample.max_context"])  # a default of 0 within the bounds it lists: what 0 stands for
+  assert capsys.readouterr().out.startswith("sample.max_context (int) = 0  [>= 1, or 0 = 262144]")
   run = tmp_path / "run"
   run.mkdir()
   config = settings_lib.default_config()

@@ -284,6 +284,27 @@ def test_corrupt_latest_checkpoint_falls_back_and_resumes_exactly(quick_run, tmp
   assert rows == list(range(1, 9))  # one train row per step, the redone steps 5 to 8 included once
 
 
+@pytest.mark.slow  # the module's quick_run (a training run), then a resume of two steps
+def test_a_resume_with_changed_settings_names_the_step_it_restored(quick_run, tmp_path, caplog):
+  """A resume that changes a training key (data.num_epochs) and falls back past a damaged latest step: the warning
+  listing the changes names the step restored (4), not the damaged one it tried first (6), as does the record in
+  config_changes.jsonl."""
+  import logging
+  wd = quick_run.copy(tmp_path / "wd")
+  shutil.rmtree(workdir_ckpt.step_dir(wd, 8))  # the run stopped after step 6's checkpoint, which is damaged
+  metadata = workdir_ckpt.step_dir(wd, 6) / "state" / "_METADATA"
+  metadata.write_text(metadata.read_text()[:40])
+  config = quick_run.new_config()
+  config.data.num_epochs = 1000  # a training key the data stream does not depend on (8 steps are within one epoch)
+  with caplog.at_level(logging.WARNING):
+    loop.train_and_evaluate(config, str(wd))
+  said = [r.getMessage() for r in caplog.records if "changed training settings" in r.getMessage()]
+  assert len(said) == 1 and " from step 4 with changed training settings" in said[0], said
+  assert "data.num_epochs: 0 -> 1000" in said[0]
+  records = [json.loads(line) for line in (wd / loop.CONFIG_CHANGES_FILE).read_text().splitlines()]
+  assert [r["step"] for r in records] == [4]
+
+
 @pytest.mark.slow  # the module's quick_run (a training run)
 def test_truncated_metadata_is_named(quick_run, tmp_path):
   wd = quick_run.copy(tmp_path / "wd")
@@ -397,10 +418,11 @@ def test_a_second_signal_exits_at_once():
   assert "SIGINT again: exiting now" in out.stderr
 
 
-def test_a_resume_whose_data_files_changed_names_them_and_restart_goes_on(quick_run, corpus_file, tmp_path):
-  """A data file edited between a run's checkpoint and its resume: the resume is refused in one DataError naming
-  the file, its size change and what to do; nothing is written. With data.changed_files='restart' the run resumes
-  its model and optimizer and reads the changed data from its beginning, to the end of the schedule."""
+def test_a_resume_whose_data_changed_names_the_change_and_restart_goes_on(quick_run, corpus_file, tmp_path):
+  """A resume that reads the data otherwise than its checkpoint (data.shuffle), or whose data file was edited since:
+  refused in one DataError naming the setting or the file (with its size change) and what to do; nothing is
+  written. With data.restart_if_changed the run resumes its model and optimizer and reads the changed data from its
+  beginning, to the end of the schedule."""
   data = tmp_path / "corpus.txt"
   data.write_text(corpus_file.read_text())
   config = quick_run.new_config()
@@ -408,14 +430,19 @@ def test_a_resume_whose_data_files_changed_names_them_and_restart_goes_on(quick_
   wd = tmp_path / "wd"
   loop.train_and_evaluate(config, str(wd), stop_after_steps=2)
   assert workdir_ckpt.steps(wd) == [2]
+  config.data.shuffle = False
+  with pytest.raises(DataError, match=rf"^data: the data is read otherwise than when it was saved \(data.shuffle: "
+                     rf"True -> False\) since step 2 of {wd} was saved"):
+    loop.train_and_evaluate(config, str(wd))
+  config.data.shuffle = True
   size = data.stat().st_size
   with open(data, "a", encoding="utf-8") as f:
     f.write("A line added after the checkpoint.\n")
-  with pytest.raises(DataError, match=rf"data.files: {data} changed \(size {size} -> {size + 35} bytes\) since step "
-                     rf"2 of {wd} was saved.*--config.data.changed_files=restart"):
+  with pytest.raises(DataError, match=rf"^data: {data} changed \(size {size} -> {size + 35} bytes\) since step "
+                     rf"2 of {wd} was saved.*--config.data.restart_if_changed=True"):
     loop.train_and_evaluate(config, str(wd))
   assert workdir_ckpt.steps(wd) == [2]
-  config.data.changed_files = "restart"
+  config.data.restart_if_changed = True
   state = loop.train_and_evaluate(config, str(wd))
   assert int(state.step) == config.train.num_steps and workdir_ckpt.steps(wd)[-1] == config.train.num_steps
 
