@@ -176,7 +176,8 @@ def run_settings(header: checkpoints.Checkpoint, config: Optional[ml_collections
 
 def load(path: str, *, step: Optional[int] = None, quantize: Optional[str] = None, mesh=None,
          dtype: Optional[str] = None, config: Optional[ml_collections.ConfigDict] = None,
-         settings: Optional[settings_lib.Settings] = None, field: str = "path") -> "Model":
+         settings: Optional[settings_lib.Settings] = None, field: str = "path", base: Optional[str] = None,
+         any_base: bool = False) -> "Model":
   """Loads the params of any checkpoint kind (module docstring).
 
   step: a run's training step (default: sample.checkpoint_step, -1 = the latest).
@@ -185,9 +186,11 @@ def load(path: str, *, step: Optional[int] = None, quantize: Optional[str] = Non
     over this host's devices). dtype: 'float32' | 'bfloat16' parameters and compute.
   config: a raw config to use (module docstring); settings: checked Settings to use instead (`run_settings`).
   field: how errors name `path` (a command line passes its flag, checkpoints.CHECKPOINT_FLAG).
+  base: an adapter's base other than the one it records; any_base: load an adapter on a base whose weights are not
+    the ones it was trained on (refused otherwise, naming both: checkpoints.identity).
   """
   jax_cache.enable()
-  header = checkpoints.header(path, field)
+  header = checkpoints.header(path, field, base=base, any_base=any_base)
   if settings is None:  # every check before a weight is read
     settings = run_settings(header, config, quantize=quantize, dtype=dtype,
                             mesh=mesh if isinstance(mesh, Mapping) else None)

@@ -103,3 +103,50 @@ def test_finetune_head_lora_tiny_trains_only_head_and_samples(tiny_config, tmp_p
   samples = api.sample_command(str(workdir), steps=2, print_fn=printed.append)
   assert len(samples) == 1 and samples[0].num_forwards > 0
   assert "--- sample 0 (step 2, " in printed[0]  # sampled the step-2 checkpoint
+
+
+@pytest.mark.slow  # a two-step LoRA run from a training run, then merges
+def test_an_adapter_records_its_base_merges_from_a_run_and_refuses_another(tiny_run, tmp_path):
+  """A 'lora' run whose train.init_from is a training run (the documented recipe): its adapter records the base's
+  fingerprint (checkpoints.identity); merge_lora folds it into that run's weights (read by the cross-kind reader),
+  bit for bit the direct fold, and into a copy of the run (the same fingerprint). Another checkpoint of the same
+  architecture is refused by merge_lora --base and dgemma.load(adapter, base=...) in one line naming both, and
+  accepted with any_base."""
+  import shutil
+  from dgemma import checkpoints
+  from dgemma.errors import CheckpointError
+  from dgemma.tools import merge_lora
+  base_run, config = tiny_run
+  config = config.copy_and_resolve_references()
+  config.finetune.mode, config.finetune.lora_rank = "lora", 2
+  config.train.init_from = str(base_run)
+  config.train.update(num_steps=2, eval_every=2, ckpt_every=2, eval_batches=1, progress_bar=False)
+  config.opt.warmup_steps = 1
+  loop.train_and_evaluate(config, str(tmp_path / "wd"))
+  adapter_dir = tmp_path / "wd" / adapter_ckpt.ADAPTER_DIR
+  saved, _, meta = adapter_ckpt.load_adapter(adapter_dir)
+  assert meta[adapter_ckpt.BASE_IDENTITY] == checkpoints.identity(str(base_run))
+
+  base = flax.traverse_util.unflatten_dict(
+      {k: np.asarray(v) for k, v in flax.traverse_util.flatten_dict(checkpoints.load(str(base_run)).params).items()})
+  expected = flax.traverse_util.flatten_dict(lora.merge(base, saved, float(meta["lora"]["alpha"]) / meta["lora"]["rank"]))
+  copy = shutil.copytree(base_run, tmp_path / "copy_of_the_base")
+  assert checkpoints.identity(str(copy)) == meta[adapter_ckpt.BASE_IDENTITY]
+  for out, base_dir in (("merged", None), ("merged_on_copy", str(copy))):
+    merge_lora.merge_checkpoints(str(adapter_dir), str(tmp_path / out), base_dir)
+    merged, _ = params_ckpt.load_params(tmp_path / out)
+    got = flax.traverse_util.flatten_dict(merged)
+    assert set(got) == set(expected) and not any(lora.is_adapter(k[-1]) for k in got)
+    for k, want in expected.items():
+      np.testing.assert_array_equal(got[k], want, err_msg="/".join(k))
+
+  other = tmp_path / "other"  # another model of the same architecture
+  model_cfg = checkpoints.header(str(base_run)).model
+  params_ckpt.save_params(other, jax.device_get(random_params(model_cfg)), model_cfg.to_dict())
+  named = rf"{adapter_dir} was trained on {base_run} \(fingerprint \w+\), but the base given, {other}, is another"
+  with pytest.raises(CheckpointError, match=named):
+    merge_lora.merge_checkpoints(str(adapter_dir), str(tmp_path / "merged_other"), str(other))
+  with pytest.raises(CheckpointError, match=named):
+    api.load(str(adapter_dir), base=str(other))
+  merge_lora.merge_checkpoints(str(adapter_dir), str(tmp_path / "merged_other"), str(other), any_base=True)
+  assert api.load(str(adapter_dir), base=str(other), any_base=True).params is not None

@@ -2,6 +2,7 @@
 
   kind(path)                           'workdir' | 'params' | 'adapter' | 'hf' (the kinds' own modules read them)
   header(path, field, step)            everything but the weights (each JSON file read once)
+  identity(source)                     a fingerprint of its tensor files (what an adapter records of its base)
   load(source, step=, placement=, dtype=, quantizer=)     the params as the checkpoint holds them, placed
   load_as(source, model, placement=, quantizer=, leaves=) the params as `model`'s tree: the other layer layout,
                                        adapters kept or folded in, other leaves supplied, the frozen base quantized
@@ -13,6 +14,7 @@ directory, so their float tree never exists; a run's own quantized base is resto
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -55,20 +57,49 @@ def kind(path: str | os.PathLike, field: str = "path") -> str:
       f"({adapter.ADAPTER_CONFIG}), or a Hugging Face directory (config.json + {hf.SINGLE_FILE} or {hf.INDEX_FILE})")
 
 
-def header(path: str | os.PathLike, field: str = "path", step: Optional[int] = None) -> Checkpoint:
+def header(path: str | os.PathLike, field: str = "path", step: Optional[int] = None, *,
+           base: Optional[str] = None, any_base: bool = False) -> Checkpoint:
   """What a checkpoint holds, without reading its weights (params None): the architecture (with a run's LoRA
   layout), the tokenizer file, the settings of the run the weights come from, an HF config, and for a run the step
-  to read (`step`, None or -1 = the latest). Errors name `field`."""
+  to read (`step`, None or -1 = the latest). An adapter's base is the one it records, or `base`; either must hold the
+  weights the adapter was trained on (`identity`) unless `any_base`. Errors name `field`."""
   k = kind(path, field)
+  if (base is not None or any_base) and k != "adapter":
+    raise CheckpointError(f"base: {path} is a {k} checkpoint; only an adapter is loaded on a base")
   if k == "workdir":
     described = workdir.describe(path, field)
   elif k == "params":
     described = params.describe(path, field)
   elif k == "adapter":
-    described = adapter.describe(path, field, header)
+    described = adapter.describe(path, field, header, identity, base=base, any_base=any_base)
   else:
     described = hf.describe(path, field)
   return at_step(described, step)
+
+
+_SAMPLE_BYTES = 1 << 16
+
+
+def identity(source: Source) -> str:
+  """A fingerprint of the tensors a checkpoint holds (a run: the step it reads), cheap to take: each tensor file
+  (Orbax's data files under `d/`, an HF directory's .safetensors) by its path within the checkpoint, its size and
+  its first and last 64 KiB. A copy of the checkpoint has the same fingerprint; another run, step or training of
+  the same architecture does not (its tensors' bytes differ). What an adapter records of its base."""
+  described = _described(source)
+  root = Path(described.path)
+  if described.kind == "workdir":
+    root = workdir.step_dir(described.path, described.step if described.step is not None else described.steps[-1])
+  files = sorted(p for p in root.rglob("*") if p.is_file() and (p.parent.name == "d" or p.suffix == ".safetensors"))
+  digest = hashlib.sha256()
+  for path in files:
+    size = path.stat().st_size
+    digest.update(f"{path.relative_to(root).as_posix()}\0{size}\0".encode())
+    with open(path, "rb") as f:
+      digest.update(f.read(_SAMPLE_BYTES))
+      if size > _SAMPLE_BYTES:
+        f.seek(max(size - _SAMPLE_BYTES, _SAMPLE_BYTES))
+        digest.update(f.read())
+  return digest.hexdigest()[:32]
 
 
 def at_step(described: Checkpoint, step: Optional[int]) -> Checkpoint:
@@ -145,7 +176,7 @@ def check_loadable_as(described: Checkpoint, model: ModelConfig) -> str:
   return adapter_transfer(described.model.lora, model.lora, described.path, described.field)
 
 
-def _merge_adapters(flat: dict, scale: float) -> dict:
+def merge_adapters(flat: dict, scale: float) -> dict:
   """A flat params dict with its LoRA factors folded into their weights (lora.merge, on the host) and dropped."""
   host = {k: np.asarray(v) for k, v in flat.items()}
   base = {k: v for k, v in host.items() if not lora_lib.is_adapter(k[-1])}
@@ -176,7 +207,7 @@ def load_as(source: Source, model: ModelConfig, *, placement: Optional[Placement
   keep_quantized = transfer != "merge" and described.model.block_period == model.block_period
   flat = {k: v if keep_quantized else quant.dequantize(v) for k, v in _flat(loaded.params).items()}
   if transfer == "merge":
-    flat = _merge_adapters(flat, described.model.lora.scale)
+    flat = merge_adapters(flat, described.model.lora.scale)
   if described.model.block_period != model.block_period:
     flat = _flat(layout.relayout(flax.traverse_util.unflatten_dict(flat), described.model, model))
   wanted = _flat(placement.abstract(model, quantizer))

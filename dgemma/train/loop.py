@@ -44,6 +44,7 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
+from dgemma import checkpoints
 from dgemma import data as data_lib
 from dgemma import distributed
 from dgemma import mesh as mesh_lib
@@ -286,6 +287,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   _copy_tokenizer(workdir_path, prepared.tokenizer)
   num_steps = train_cfg.num_steps
   programs = run_programs(settings, mesh)
+  # the fingerprint of the base as this run reads it, which its adapter records (checkpoints.identity)
+  base_identity = checkpoints.identity(train_cfg.init_from) if train_cfg.init_from else ""
   optimizer, init_fn = programs.optimizer, programs.init_fn
   abstract_state, state_shardings = programs.abstract_state, programs.state_shardings
   distilling = distill_lib.enabled(settings.distill)
@@ -440,7 +443,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
                               f"{workdir_ckpt.step_dir(workdir_path, done)}", stop.signum)
   if settings.finetune.mode != "full" and settings.finetune.save_adapter and int(state.step) == num_steps:
     adapter_ckpt.save_adapter(workdir_path / adapter_ckpt.ADAPTER_DIR, state.params, model_cfg, settings.finetune,
-                              base=train_cfg.init_from, step=int(state.step), run_config_json=settings.config_json)
+                              base=train_cfg.init_from, step=int(state.step), run_config_json=settings.config_json,
+                              base_identity=base_identity)
   return state
 
 

@@ -221,3 +221,29 @@ def test_merge_cli_writes_merged_checkpoint_and_refuses_head_only(tmp_path):
     merge_lora.merge_checkpoints(str(tmp_path / "head"), str(tmp_path / "merged2"))
   with pytest.raises(FileNotFoundError, match="--adapter"):
     merge_lora.merge_checkpoints(str(tmp_path / "base"), str(tmp_path / "merged3"))
+
+
+def test_merge_into_a_hugging_face_base(tmp_path):
+  """merge_lora with an HF directory as the base (read by the cross-kind reader, as train.init_from reads it): the
+  merged weights are the direct fold of the HF weights as dgemma reads them, bit for bit; the HF config is kept."""
+  from dgemma import checkpoints
+  from tests.model_utils import save_random_hf
+  base_cfg, cfg = _cfg(), _cfg("lora")
+  save_random_hf(base_cfg, tmp_path / "hf")
+  base = {k: np.asarray(v) for k, v in
+          flax.traverse_util.flatten_dict(checkpoints.load(str(tmp_path / "hf"), dtype="float32").params).items()}
+  adapters = {k: v for k, v in flax.traverse_util.flatten_dict(jax.device_get(_with_adapters(cfg))).items()
+              if lora.is_adapter(k[-1])}
+  full = flax.traverse_util.unflatten_dict({**base, **adapters})
+  adapter_ckpt.save_adapter(tmp_path / "adapter", full, cfg, _finetune("lora"), base=str(tmp_path / "hf"), step=1,
+                            base_identity=checkpoints.identity(str(tmp_path / "hf")))
+  merge_lora.merge_checkpoints(str(tmp_path / "adapter"), str(tmp_path / "merged"))
+  merged, _ = params_ckpt.load_params(tmp_path / "merged")
+  expected = flax.traverse_util.flatten_dict(lora.merge(flax.traverse_util.unflatten_dict(base),
+                                                        flax.traverse_util.unflatten_dict(adapters), cfg.lora.scale))
+  got = flax.traverse_util.flatten_dict(merged)
+  assert set(got) == set(expected)
+  for k, want in expected.items():
+    np.testing.assert_array_equal(got[k], want, err_msg="/".join(k))
+  assert params_ckpt.read_extra_json(tmp_path / "merged", params_ckpt.HF_CONFIG) == \
+      checkpoints.header(str(tmp_path / "hf")).hf_config
