@@ -10,6 +10,8 @@ float64 references), while the gradients of the original float weights differ at
 import copy
 import functools
 import json
+import os
+import signal
 
 import flax
 import jax
@@ -25,10 +27,11 @@ from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import params as params_ckpt
 from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.diffusion import diffusion_loss
-from dgemma.errors import ConfigError
+from dgemma.errors import ConfigError, TrainingInterrupted
 from dgemma.model import Transformer, init_cache, param_shapes
 from dgemma.tools import merge_lora
 from dgemma.train import loop
+from dgemma.train import metrics as metrics_lib
 from dgemma.train import optimizer as optimizer_lib
 from dgemma.train import state as state_lib
 from tests.model_utils import f64_config, float64, random_params, random_rows, to_f64
@@ -142,9 +145,9 @@ def _saved_params(step_dir) -> dict:
 
 
 @pytest.mark.slow  # three short runs of one compiled program, sampling and a merge: about 40 s on 2 cores
-def test_qlora_run_resumes_exactly_keeps_its_base_and_loads_on_it(tiny_config, tmp_path):
+def test_qlora_run_resumes_exactly_keeps_its_base_and_loads_on_it(tiny_config, tmp_path, monkeypatch):
   """A 'lora' QLoRA run from a params checkpoint: the base's quantized leaves are bit-identical to the checkpoint's
-  weights quantized, after training; stopping after one step and resuming gives the uninterrupted run's state
+  weights quantized, after training; a run stopped by SIGTERM and resumed gives the uninterrupted run's state
   bit for bit; the checkpoint holds the base only quantized; the adapter holds only adapters; dgemma.load of the
   run and of its adapter are the same model, on the quantized base; merge_lora folds the adapter into the base as
   the run saw it."""
@@ -154,11 +157,23 @@ def test_qlora_run_resumes_exactly_keeps_its_base_and_loads_on_it(tiny_config, t
   base = jax.device_get(random_params(base_cfg))
   params_ckpt.save_params(tmp_path / "base", base, base_cfg.to_dict())
   config.train.init_from = str(tmp_path / "base")
-  config.train.update(num_steps=2, eval_every=2, ckpt_every=1, eval_batches=1, progress_bar=False,
+  config.train.update(num_steps=3, eval_every=3, ckpt_every=100, log_every=1, eval_batches=1, progress_bar=False,
                       async_checkpointing=False)
   config.opt.warmup_steps = 1
   straight = loop.train_and_evaluate(config, str(tmp_path / "straight"))
-  loop.train_and_evaluate(config, str(tmp_path / "wd"), stop_after_steps=1)
+  # a real SIGTERM while step 1 is logged: the loop sees it after step 2, saves it and stops (TrainingInterrupted)
+  write = metrics_lib.MetricWriter.write
+
+  def write_then_signal(self, step, values, prefix="train"):
+    write(self, step, values, prefix)
+    if step == 1 and prefix == "train":
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write_then_signal)
+  with pytest.raises(TrainingInterrupted, match="interrupted by SIGTERM after step 2 of 3"):
+    loop.train_and_evaluate(config, str(tmp_path / "wd"))
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
+  assert workdir_ckpt.steps(tmp_path / "wd") == [2]
   resumed = loop.train_and_evaluate(config, str(tmp_path / "wd"))
   for a, b in zip(jax.tree.leaves(jax.device_get((straight.params, straight.opt_state))),
                   jax.tree.leaves(jax.device_get((resumed.params, resumed.opt_state)))):
@@ -182,7 +197,7 @@ def test_qlora_run_resumes_exactly_keeps_its_base_and_loads_on_it(tiny_config, t
       np.testing.assert_array_equal(np.asarray(getattr(got[k], field), np.float32),
                                     np.asarray(getattr(w, field), np.float32), err_msg="/".join(k))
 
-  saved = _saved_params(workdir_ckpt.step_dir(tmp_path / "wd", 2))
+  saved = _saved_params(workdir_ckpt.step_dir(tmp_path / "wd", 3))
   for k in want:  # the base once, quantized: its values (int8, int4, or a layer's int4 two to a byte) and scale
     stored = saved.get(k + ("qvalue",)) or saved.get(k + ("packed",))
     assert stored in ("int4", "int8", "uint8") and k + ("scale",) in saved and k not in saved, "/".join(k)

@@ -104,19 +104,34 @@ def test_a_large_kl_weight_holds_the_policy_at_its_reference(tiny_config, tmp_pa
 
 
 @pytest.mark.slow  # three runs of one compiled program (the KL test's)
-def test_rl_resumes_exactly_with_several_updates_per_rollout(tiny_config, tmp_path):
-  """num_iterations 2: the rollout's log-probabilities are replayed and the ratio moves; a run stopped after one
-  rollout and resumed equals the straight run bit for bit, reference included."""
-  config = toy_config(tiny_config, **HELD, **{"train.ckpt_every": 2, "train.log_every": 2})
-  straight = loop.train_and_evaluate(config, str(tmp_path / "straight"), stop_after_steps=4)
-  loop.train_and_evaluate(config, str(tmp_path / "resumed"), stop_after_steps=2)
-  assert workdir_ckpt.steps(tmp_path / "resumed") == [2]
+def test_rl_resumes_exactly_with_several_updates_per_rollout(tiny_config, tmp_path, monkeypatch):
+  """num_iterations 2: the rollout's log-probabilities are replayed and the ratio moves; a run stopped by a real
+  SIGTERM (delivered while step 2 is logged: the loop sees it after the next rollout's two updates, step 4, saves
+  it and raises TrainingInterrupted) and resumed equals the straight run bit for bit, reference included."""
+  import os
+  import signal
+  from dgemma.errors import TrainingInterrupted
+  from dgemma.train import metrics as metrics_lib
+  config = toy_config(tiny_config, **HELD, **{"train.ckpt_every": 100, "train.log_every": 2})
+  straight = loop.train_and_evaluate(config, str(tmp_path / "straight"), stop_after_steps=6)
+  write = metrics_lib.MetricWriter.write
+
+  def write_then_signal(self, step, values, prefix="train"):
+    write(self, step, values, prefix)
+    if step == 2 and prefix == "train":
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write_then_signal)
+  with pytest.raises(TrainingInterrupted, match=r"interrupted by SIGTERM after step 4 of 20"):
+    loop.train_and_evaluate(config, str(tmp_path / "resumed"), stop_after_steps=6)
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
+  assert workdir_ckpt.steps(tmp_path / "resumed") == [4]
   resumed = loop.train_and_evaluate(config, str(tmp_path / "resumed"), stop_after_steps=2)
-  assert int(resumed.step) == 4
+  assert int(resumed.step) == 6
   for a, b in zip(jax.tree.leaves(jax.device_get(straight)), jax.tree.leaves(jax.device_get(resumed))):
     np.testing.assert_array_equal(a, b)
   rows = train_rows(tmp_path / "straight")
-  assert [r["step"] for r in rows] == [2, 4]
+  assert [r["step"] for r in rows] == [2, 4, 6]
   assert rows[-1]["ratio_mean"] != 1.0  # the second update of a rollout sees a moved policy
   # the reference is the run's start: every trained leaf, unchanged
   np.testing.assert_array_equal(jax.tree.leaves(straight.ref_params)[0], jax.tree.leaves(resumed.ref_params)[0])
