@@ -75,7 +75,7 @@ def test_the_raw_config_comes_from_the_declarations():
   assert settings_fields.from_raw(_Outer, raw, derived=5) == built
   assert settings_fields.flat(built, "outer")["outer.inner.depth"] == 4 and "outer.flat_rate" in settings_fields.flat(built, "outer")
   listed = {row[0]: row for row in settings_fields.rows(_Outer, "outer")}
-  assert listed["outer.count"][1:4] == ("int", 0, ">= 1") and listed["outer.name"][3] == "'a' | 'b'"
+  assert listed["outer.count"][1:4] == ("int", 0, ">= 1, or 0 = 7") and listed["outer.name"][3] == "'a' | 'b'"
 
 
 def test_the_field_name_is_the_key():
