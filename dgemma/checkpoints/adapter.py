@@ -100,8 +100,9 @@ def describe(path: str | os.PathLike, field: str, describe_base: Callable[[str, 
       raise CheckpointError(
           f"{field}: {path} was trained on {recorded or 'another base'} (fingerprint {wanted}), but {chosen} is "
           f"another checkpoint (fingerprint {found}): another run, the base trained further since, or a re-saved "
-          "copy. Load the adapter on the base it was trained on, or pass any_base=True (python -m "
-          "dgemma.tools.merge_lora --any_base) to use this one anyway")
+          "copy. Load the adapter on the base it was trained on (dgemma.load(adapter, base=PATH); merge_lora "
+          "--base=PATH), or use this one anyway with dgemma.load(adapter, any_base=True) or merge_lora --any_base "
+          "(then sample, train from or convert the merged checkpoint)")
   base = base_header
   lora = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["lora"].items()})
   run_json = params_ckpt.read_run_config(path)

@@ -20,22 +20,28 @@ from absl import flags
 _READ_ONLY = re.compile(r"read.only", re.IGNORECASE)
 
 
+def _verbose() -> bool:
+  """--verbosity asks for more than INFO."""
+  return flags.FLAGS.is_parsed() and flags.FLAGS["verbosity"].value > 0
+
+
 class _QuietOrbax(py_logging.Filter):
-  """Drops Orbax's INFO records unless --verbosity asks for more than INFO."""
+  """Drops Orbax's INFO records and its errors' tracebacks unless --verbosity asks for more than INFO."""
 
   def filter(self, record: py_logging.LogRecord) -> bool:
     if "/orbax/" not in record.pathname.replace("\\", "/"):
       return True
     if record.levelno >= py_logging.ERROR:
       # A failed save is logged by each of Orbax's threads with the whole traceback (hundreds of lines for a full
-      # disk); the run reports it in one line (checkpoints.workdir.save_error). Each record keeps its first line.
-      if record.exc_info is not None or "\n" in record.getMessage():
+      # disk); the run reports it in one line (checkpoints.workdir.save_error). Each record keeps its first line,
+      # its traceback too with --verbosity=1 or more.
+      if (record.exc_info is not None or "\n" in record.getMessage()) and not _verbose():
         first = record.getMessage().strip().splitlines()[0] if record.getMessage().strip() else ""
         record.msg, record.args, record.exc_info, record.exc_text = first[:300], None, None, None
       return True
     if record.levelno >= py_logging.WARNING:
       return not _READ_ONLY.search(record.getMessage())
-    return flags.FLAGS.is_parsed() and flags.FLAGS["verbosity"].value > 0
+    return _verbose()
 
 
 _QUIET_ORBAX = _QuietOrbax()

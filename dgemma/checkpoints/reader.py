@@ -65,7 +65,8 @@ def header(path: str | os.PathLike, field: str = "path", step: Optional[int] = N
   weights the adapter was trained on (`identity`) unless `any_base`. Errors name `field`."""
   k = kind(path, field)
   if (base is not None or any_base) and k != "adapter":
-    raise CheckpointError(f"base: {path} is a {k} checkpoint; only an adapter is loaded on a base")
+    raise CheckpointError(f"{'base' if base is not None else 'any_base'}: {path} is a {k} checkpoint; only an "
+                          "adapter is loaded on a base")
   if k == "workdir":
     described = workdir.describe(path, field)
   elif k == "params":

@@ -178,8 +178,8 @@ def save_error(workdir: str | os.PathLike, error: BaseException) -> CheckpointEr
   code = re.search(r"os_error_code='(\d+)'", text)
   errno_value = getattr(error, "errno", None) or (int(code.group(1)) if code else None)
   reason = os.strerror(errno_value) if errno_value else (text.strip().splitlines() or [type(error).__name__])[0][:200]
-  step = re.search(r"checkpoints/(\d+)(?:\.orbax-checkpoint-tmp)?", text)
   root = checkpoint_dir(workdir)
+  step = re.search(re.escape(str(root)) + r"/(\d+)(?:\.orbax-checkpoint-tmp)?", text)
   where = root / step.group(1) if step else root
   try:
     free = f"{shutil.disk_usage(root if root.exists() else workdir).free / 2**30:.2f} GiB free there"

@@ -63,11 +63,11 @@ def config_file_failure(error: BaseException, files: Sequence[str]) -> str | Non
     error = error.__cause__
   if isinstance(error, SyntaxError) and error.filename and str(Path(error.filename).resolve()) in resolved:
     return f"{error.filename}:{error.lineno}: {type(error).__name__}: {error.msg}"
-  if isinstance(error, AttributeError) and "get_config" in str(error) and len(resolved) == 1:
-    return (f"{next(iter(resolved.values()))}: defines no get_config() (a config file returns its "
-            "ml_collections.ConfigDict from get_config(), e.g. configs/demo.py)")
   inside = [f for f in traceback.extract_tb(error.__traceback__) if str(Path(f.filename).resolve()) in resolved]
   if not inside:
+    if isinstance(error, AttributeError) and getattr(error, "name", None) == "get_config" and len(resolved) == 1:
+      return (f"{next(iter(resolved.values()))}: defines no get_config() (a config file returns its "
+              "ml_collections.ConfigDict from get_config(), e.g. configs/demo.py)")
     return None
   last = inside[-1]
   return f"{last.filename}:{last.lineno}: in {last.name}: {type(error).__name__}: {error}"

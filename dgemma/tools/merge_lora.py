@@ -24,12 +24,14 @@ import dataclasses
 from pathlib import Path
 
 import flax
+import jax
 import numpy as np
 from absl import app, flags, logging
 
 from dgemma import checkpoints, quant
 from dgemma.checkpoints import adapter as adapter_ckpt
 from dgemma.checkpoints import params as params_ckpt
+from dgemma.model.sharding import MESH_AXES
 from dgemma.tools import cli
 
 FLAGS = flags.FLAGS
@@ -63,7 +65,8 @@ def merge_checkpoints(adapter_dir: str, out_dir: str, base_dir: str | None = Non
   header = checkpoints.header(adapter_dir, "--adapter", base=base_dir, any_base=any_base)
   # the base as the run held it (a QLoRA run's frozen base quantized, then dequantized here: the merged float
   # checkpoint computes what the run trained), the adapter's leaves on top, on the host
-  loaded = checkpoints.load(header)
+  host = jax.sharding.Mesh(np.array(jax.devices("cpu")[:1]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
+  loaded = checkpoints.load(header, placement=checkpoints.Placement.of(host))  # on the host, not an accelerator
   flat = {k: np.asarray(quant.dequantize(v)) for k, v in flax.traverse_util.flatten_dict(loaded.params).items()}
   merged = flax.traverse_util.unflatten_dict(checkpoints.merge_adapters(flat, header.model.lora.scale))
   base = header.base

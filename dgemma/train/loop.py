@@ -47,6 +47,7 @@ from tqdm import tqdm
 from dgemma import checkpoints
 from dgemma import data as data_lib
 from dgemma import distributed
+from dgemma import files
 from dgemma import mesh as mesh_lib
 from dgemma import finetune as finetune_lib
 from dgemma import settings as settings_lib
@@ -60,6 +61,7 @@ from dgemma.train import evaluate, interrupts, metrics as metrics_lib, optimizer
 from dgemma.train import state as state_lib, step as step_lib
 
 CONFIG_CHANGES_FILE = "config_changes.jsonl"  # WORKDIR/: {"step", "changes"} per resume with changed training keys
+BASE_IDENTITY_FILE = "base_identity.txt"  # WORKDIR/: train.init_from's fingerprint when the run started from it
 
 
 def prepare_data(settings):
@@ -126,7 +128,7 @@ class RunPrograms(NamedTuple):
                          # rl_step.GRPO (rollout, rewards, rl.num_iterations updates)
   eval_step: Callable    # jitted: (params, batch, rng) -> metrics
   laid_out: bool         # the train step compiled with the frozen base laid out by its compiler
-                         # (state_lib.step_shardings): a run calls `compiled_steps`, which place the state
+                         # (state_lib.step_shardings): a run calls `compiled_steps` and puts its state in their layouts
   compiled: dict         # compiled_steps' cache of a laid-out run: batch shape -> (train step, eval step)
 
 
@@ -189,8 +191,9 @@ def compiled_steps(programs: RunPrograms, train_step, settings, mesh, base_rng, 
   """`train_step` and the eval step compiled ahead of time for the run's batch (data.batch_size x data.seq_len
   rows): what a multi-process run compiles before its first collective, and what a laid-out run
   (`RunPrograms.laid_out`) calls: only the compiled step knows the layouts it picked for the frozen base
-  (`input_formats`), so the eval step is compiled on those same layouts of the params and the state is put in
-  them (mesh_lib.put). A laid-out run's pair is kept in `programs.compiled`."""
+  (`input_formats`), so the eval step is compiled on those same layouts of the params, the step's output state is
+  held to them, and the run puts its state in them (mesh_lib.put, in _train). A laid-out run's pair is kept in
+  `programs.compiled`."""
   key = (settings.data.batch_size, settings.data.seq_len)
   if programs.laid_out and key in programs.compiled:
     return programs.compiled[key]
@@ -198,6 +201,16 @@ def compiled_steps(programs: RunPrograms, train_step, settings, mesh, base_rng, 
   batch_spec = {k: jax.ShapeDtypeStruct(key, jnp.int32, sharding=data_sharding)
                 for k in ("tokens", "segment_ids", "positions")}
   train_compiled = train_step.lower(programs.abstract_state, batch_spec, base_rng).compile()
+  if programs.laid_out:
+    formats = train_compiled.input_formats[0][0]
+    if jax.tree.leaves(train_compiled.output_formats[0]) != jax.tree.leaves(formats):
+      # the compiler laid the updated state out otherwise than the state it reads: the next step could not take
+      # it. Compile again with both fixed to the layouts it picked for the input.
+      logging.info("train step: the compiled state's output layouts differ from its inputs'; compiling with both "
+                   "set to the input layouts")
+      fixed = jax.jit(train_step.__wrapped__, in_shardings=(formats, batch_spec["tokens"].sharding, None),
+                      out_shardings=(formats, None), donate_argnums=(0,))
+      train_compiled = fixed.lower(programs.abstract_state, batch_spec, base_rng).compile()
   eval_step = programs.eval_step
   if programs.laid_out:
     eval_step = jax.jit(step_lib.make_eval_step(settings.model, settings.diffusion),
@@ -287,8 +300,6 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   _copy_tokenizer(workdir_path, prepared.tokenizer)
   num_steps = train_cfg.num_steps
   programs = run_programs(settings, mesh)
-  # the fingerprint of the base as this run reads it, which its adapter records (checkpoints.identity)
-  base_identity = checkpoints.identity(train_cfg.init_from) if train_cfg.init_from else ""
   optimizer, init_fn = programs.optimizer, programs.init_fn
   abstract_state, state_shardings = programs.abstract_state, programs.state_shardings
   distilling = distill_lib.enabled(settings.distill)
@@ -317,6 +328,8 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
       logging.warning("Resuming %s from step %d with changed training settings (saved -> new; recorded in %s): %s",
                       workdir_path, restored_step, CONFIG_CHANGES_FILE, "; ".join(config_changes))
   elif train_cfg.init_from:
+    if jax.process_index() == 0:  # the base as this run read it at its start, which its adapter records
+      files.write_text_atomic(workdir_path / BASE_IDENTITY_FILE, checkpoints.identity(train_cfg.init_from) + "\n")
     state = state_lib.state_from_checkpoint(train_cfg.init_from, model_cfg, optimizer, state_shardings,
                                             settings.mesh.axis_rules, init_fn, jax.random.PRNGKey(settings.seed),
                                             finetune_lib.base_quantizer(settings.finetune))
@@ -371,10 +384,11 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
       for step in range(start_step, end_step, advance):
         state, metrics = train_step(state, step_lib.device_batch(host_batch, data_sharding), base_rng)
         done = step + advance
-        try:  # a save that failed in the background stops the run here, not at the next save
-          manager.check_for_errors()
+        try:  # a background save that has ended in failure stops the run here, not at the next save
+          if not manager.is_saving_in_progress():
+            manager.wait_until_finished()  # returns at once; re-raises what the save's finalize thread raised
         except Exception as e:  # pylint: disable=broad-except  (the disk's, in one line)
-          raise workdir_ckpt.save_error(workdir_path, e) from None
+          raise workdir_ckpt.save_error(workdir_path, e) from e
         stream_state = train_iter.get_state()  # the stream after this step's batch: what its checkpoint resumes
         # The next batch is made here, while the device runs this step (dispatch returns before it finishes).
         host_batch = next(train_iter, None) if done < end_step else None
@@ -422,7 +436,7 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
           try:  # an asynchronous save's failure surfaces at the next save (or at the end, below)
             workdir_ckpt.save(manager, done, state, workdir_ckpt.all_process_data_states(stream_state))
           except Exception as e:  # pylint: disable=broad-except  (the disk's, in one line)
-            raise workdir_ckpt.save_error(workdir_path, e) from None
+            raise workdir_ckpt.save_error(workdir_path, e) from e
           last_saved = done
         if last:
           break
@@ -430,9 +444,15 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
       save_failed = None
       try:
         manager.wait_until_finished()
-        manager.close()
       except Exception as e:  # pylint: disable=broad-except  (an asynchronous save that failed)
         save_failed = workdir_ckpt.save_error(workdir_path, e)
+        save_failed.__cause__ = e
+      finally:
+        try:
+          manager.close()
+        except Exception:  # pylint: disable=broad-except  (the same failure again; reported above)
+          if save_failed is None:
+            raise
       writer.close()
       if bar is not None:
         bar.close()
@@ -444,8 +464,15 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   if settings.finetune.mode != "full" and settings.finetune.save_adapter and int(state.step) == num_steps:
     adapter_ckpt.save_adapter(workdir_path / adapter_ckpt.ADAPTER_DIR, state.params, model_cfg, settings.finetune,
                               base=train_cfg.init_from, step=int(state.step), run_config_json=settings.config_json,
-                              base_identity=base_identity)
+                              base_identity=_base_identity(workdir_path))
   return state
+
+
+def _base_identity(workdir: Path) -> str:
+  """The fingerprint of train.init_from taken when the run started from it (BASE_IDENTITY_FILE; '' for a run
+  started before fingerprints were kept): a base trained further since is not recorded as the adapter's."""
+  path = workdir / BASE_IDENTITY_FILE
+  return path.read_text(encoding="utf-8").strip() if path.is_file() else ""
 
 
 def _window_metrics(pending: list, tokens_per_sec: float, skip_nonfinite: bool) -> dict[str, float]:
