@@ -309,18 +309,51 @@ def sample_report(settings, prompt_len: int, target: str = "host") -> str:
 FITS_TARGETS = ("rtx4090", "a100_40gb", "h100", "v5e", "v6e")
 
 
-def fits(settings, prompt_len: int, names: tuple[str, ...] = FITS_TARGETS) -> dict[str, dict]:
+def fits(settings, prompt_len: int, names: tuple[str, ...] = FITS_TARGETS, *,
+         longest: bool = False) -> dict[str, dict]:
   """For each target in `names`: the config's train step (`compiled_train_memory`) and its generate program at a
   `prompt_len`-token prompt (`compiled_sample_memory`), each compiled for that target, and whether each fits: not
-  refused and its peak within the target's memory (`targets.Target.memory`)."""
+  refused and its peak within the target's memory (`targets.Target.memory`). With `longest`, also the longest
+  prompt whose generate program fits (`longest_prompt`: 'longest_prompt', 0 when none does)."""
   out = {}
   for name in names:
     device, memory = targets.device(name), targets.get(name).memory
     plans = dict(train=compiled_train_memory(settings, device), sample=compiled_sample_memory(settings, prompt_len,
                                                                                              device))
     out[name] = dict(device=device.device_kind, memory=memory, **plans,
-                     **{f"{k}_fits": not p["refused"] and p["peak"] <= memory for k, p in plans.items()})
+                     **{f"{k}_fits": _fits(p, memory) for k, p in plans.items()})
+    if longest:
+      out[name]["longest_prompt"] = longest_prompt(settings, device, memory, known={prompt_len: plans["sample"]})
   return out
+
+
+def _fits(plan: dict, memory: int) -> bool:
+  return not plan["refused"] and plan["peak"] <= memory
+
+
+def prompt_candidates(settings) -> tuple[int, ...]:
+  """The prompt lengths `longest_prompt` tries: 1,024 doubled while a prompt and one canvas fit the model's
+  positions (sample.max_context), then the longest that does."""
+  most = settings.sampler_config.max_context - settings.diffusion.canvas_len
+  lengths = [n for n in (1024 * 2**k for k in range(20)) if n <= most]
+  return tuple(lengths + ([most] if most not in lengths and most > 0 else []))
+
+
+def longest_prompt(settings, device, memory: int, known: dict | None = None) -> int:
+  """The longest of `prompt_candidates` whose generate program (`compiled_sample_memory`, batch 1) fits `memory`
+  bytes on `device`, 0 when none does: a bisection over the compiled plans (a longer prompt never needs less: the
+  KV cache and the prompt encode grow with it), `known` plans ({prompt length: plan}) reused."""
+  known = dict(known or {})
+  plan = lambda n: known[n] if n in known else known.setdefault(n, compiled_sample_memory(settings, n, device))
+  candidates = prompt_candidates(settings)
+  lo, hi = 0, len(candidates)  # candidates[:lo] fit, candidates[hi:] do not
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if _fits(plan(candidates[mid]), memory):
+      lo = mid + 1
+    else:
+      hi = mid
+  return candidates[lo - 1] if lo else 0
 
 
 def fits_report(settings, prompt_len: int, table: dict[str, dict]) -> str:
@@ -334,10 +367,13 @@ def fits_report(settings, prompt_len: int, table: dict[str, dict]) -> str:
            f"train: finetune.mode {ft.mode}, base_quant {ft.base_quant}, {settings.data.seq_len}-token rows, "
            f"{settings.data.batch_size // settings.opt.grad_accum_steps} per micro-batch; sample: sample.quantize "
            f"{qcfg.scheme}, a {prompt_len}-token prompt and one {settings.diffusion.canvas_len}-token canvas",
-           f"{'target':40s}{'memory':>10s}   {'train step':22s}sample"]
+           f"{'target':40s}{'memory':>10s}   {'train step':22s}{'sample':22s}"
+           + ("longest prompt" if any("longest_prompt" in t for t in table.values()) else "")]
   for name, t in table.items():
+    longest = f"{t['longest_prompt']:,} tokens" if t.get("longest_prompt") else ("none fits" if "longest_prompt" in t
+                                                                                 else "")
     lines.append(f"{name + ' (' + t['device'] + ')':40.40s}{t['memory'] / GiB:7.2f} GiB   {cell(t, 'train')}"
-                 f"{cell(t, 'sample')}".rstrip())
+                 f"{cell(t, 'sample')}{longest}".rstrip())
   return "\n".join(lines)
 
 
@@ -437,7 +473,8 @@ def main(argv):
       config.sample.quant_group_size = _FLAGS["group_size"].value
     if _FLAGS["fits"].value:
       settings = settings_lib.from_config(config)
-      print(fits_report(settings, _FLAGS["context"].value, fits(settings, _FLAGS["context"].value)))
+      print(fits_report(settings, _FLAGS["context"].value,
+                        fits(settings, _FLAGS["context"].value, longest=_FLAGS["longest_prompt"].value)))
     elif _FLAGS["sample"].value:
       print(sample_report(settings_lib.from_config(config), _FLAGS["context"].value, target))
     else:
@@ -475,6 +512,9 @@ if __name__ == "__main__":
       fits=flags.DEFINE_bool("fits", False, "For each card of FITS_TARGETS (a 24 GB, a 40 GB and an 80 GB GPU, TPU "
                              "v5e-1, v6e-1): the config's train step and its generate program (--quantize, --context) "
                              "compiled for it, and whether each fits."),
+      longest_prompt=flags.DEFINE_bool("longest_prompt", False, "With --fits: also the longest prompt (1,024 "
+                                       "doubled, up to the model's positions) whose generate program fits each card, "
+                                       "by bisection over compiled plans (a few more compiles per card)."),
       target=flags.DEFINE_enum("target", "host", list(targets.TARGETS), "--train / --sample compile for: 'host' ("
                                "this machine's device) or an accelerator without one (dgemma/tools/targets.py; the "
                                "plugins make venv installs beside the environment)."),

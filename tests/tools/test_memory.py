@@ -122,6 +122,26 @@ def test_compiled_train_memory_counts_the_quantized_state_it_is_given():
   assert last == f"peak {plan['peak'] / 2**30:.2f} GiB"
 
 
+@pytest.mark.slow  # three compiles of a tiny generate program on this host
+def test_the_longest_prompt_is_the_last_one_whose_compiled_plan_fits():
+  """longest_prompt bisects prompt_candidates over compiled plans: with a budget between the plans of a 4,096- and
+  an 8,192-token prompt (the plan grows with the prompt), the answer is 4,096; a budget below the shortest
+  candidate's plan gives 0; the --fits table prints it."""
+  settings = _qlora_tiny()
+  device = memory.one_device_mesh().devices.flat[0]
+  plans = {n: memory.compiled_sample_memory(settings, n, device) for n in (4096, 8192)}
+  assert plans[4096]["peak"] < plans[8192]["peak"]
+  budget = (plans[4096]["peak"] + plans[8192]["peak"]) // 2
+  assert memory.prompt_candidates(settings)[:4] == (1024, 2048, 4096, 8192)
+  assert memory.longest_prompt(settings, device, budget, known=dict(plans)) == 4096
+  smallest = memory.compiled_sample_memory(settings, 1024, device)
+  assert memory.longest_prompt(settings, device, smallest["peak"] - 1, known={1024: smallest, **plans}) == 0
+  table = {"host": dict(device="cpu", memory=budget, train=plans[4096], sample=plans[4096], train_fits=True,
+                        sample_fits=True, longest_prompt=4096)}
+  last = memory.fits_report(settings, 4096, table).splitlines()
+  assert last[-2].endswith("longest prompt") and last[-1].split(" fits")[-1].strip() == "4,096 tokens"
+
+
 _ON_TARGETS = """
 import json, sys
 from dgemma.tools import targets
