@@ -475,3 +475,36 @@ def test_a_save_that_fails_stops_the_run_in_one_line_and_keeps_the_last_checkpoi
   resumed = loop.train_and_evaluate(config, str(wd))
   chex.assert_trees_all_equal(jax.device_get(resumed.params), quick_run.state.params)
   chex.assert_trees_all_equal(jax.device_get(resumed.opt_state), quick_run.state.opt_state)
+
+
+def test_an_sft_run_stopped_by_a_signal_resumes_exactly(quick_run, corpus_file, tmp_path, monkeypatch):
+  """An SFT run (data.format='sft', prompt / response pairs) gets SIGTERM while step 3 is logged: step 4 is saved,
+  TrainingInterrupted raised, and the resumed run ends as the uninterrupted one (params and optimizer state equal):
+  the loop's interrupt handling does not depend on the data it trains on."""
+  import os
+  import signal
+  from dgemma.errors import TrainingInterrupted
+  from dgemma.train import metrics as metrics_lib
+  lines = corpus_file.read_text().splitlines()
+  pairs = tmp_path / "pairs.jsonl"
+  pairs.write_text("".join(json.dumps({"prompt": a[:40], "response": b[:40]}) + "\n"
+                           for a, b in zip(lines[::2], lines[1::2])))
+  config = quick_run.new_config()
+  config.data.format, config.data.files = "sft", (str(pairs),)
+  config.train.ckpt_every = 100
+  straight = jax.device_get(loop.train_and_evaluate(config, str(tmp_path / "straight")))
+  write = metrics_lib.MetricWriter.write
+
+  def write_then_signal(self, step, values, prefix="train"):
+    write(self, step, values, prefix)
+    if step == 3 and prefix == "train":
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write_then_signal)
+  with pytest.raises(TrainingInterrupted, match=r"interrupted by SIGTERM after step 4 of 8"):
+    loop.train_and_evaluate(config, str(tmp_path / "wd"))
+  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
+  assert workdir_ckpt.steps(tmp_path / "wd") == [4]
+  resumed = loop.train_and_evaluate(config, str(tmp_path / "wd"))
+  chex.assert_trees_all_equal(jax.device_get(resumed.params), straight.params)
+  chex.assert_trees_all_equal(jax.device_get(resumed.opt_state), straight.opt_state)
