@@ -187,19 +187,20 @@ def _make_programs(settings, mesh) -> RunPrograms:
                      laid_out=step_shardings is not state_shardings, compiled={})
 
 
-def compiled_steps(programs: RunPrograms, train_step, settings, mesh, base_rng, eval_rng) -> tuple[Any, Any]:
+def compiled_steps(programs: RunPrograms, train_step, settings, mesh, base_rng, eval_rng,
+                   batch_keys: tuple[str, ...] = ("tokens", "segment_ids", "positions")) -> tuple[Any, Any]:
   """`train_step` and the eval step compiled ahead of time for the run's batch (data.batch_size x data.seq_len
-  rows): what a multi-process run compiles before its first collective, and what a laid-out run
+  rows of int32 `batch_keys`: an SFT run's rows add 'loss_mask'): what a multi-process run compiles before its first collective, and what a laid-out run
   (`RunPrograms.laid_out`) calls: only the compiled step knows the layouts it picked for the frozen base
   (`input_formats`), so the eval step is compiled on those same layouts of the params, the step's output state is
   held to them, and the run puts its state in them (mesh_lib.put, in _train). A laid-out run's pair is kept in
   `programs.compiled`."""
-  key = (settings.data.batch_size, settings.data.seq_len)
+  shape = (settings.data.batch_size, settings.data.seq_len)
+  key = (shape, tuple(sorted(batch_keys)))
   if programs.laid_out and key in programs.compiled:
     return programs.compiled[key]
   data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
-  batch_spec = {k: jax.ShapeDtypeStruct(key, jnp.int32, sharding=data_sharding)
-                for k in ("tokens", "segment_ids", "positions")}
+  batch_spec = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data_sharding) for k in batch_keys}
   train_compiled = train_step.lower(programs.abstract_state, batch_spec, base_rng).compile()
   if programs.laid_out:
     formats = train_compiled.input_formats[0][0]
@@ -354,18 +355,20 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   if settings.rl.enabled:
     train_step = train_step.bind(prepared.tokenizer)
   advance = getattr(train_step, "steps_per_call", 1)  # updates per call: an RL step's rl.num_iterations
-  if programs.laid_out or jax.process_count() > 1:
-    train_step, eval_step = compiled_steps(programs, train_step, settings, mesh, base_rng, eval_rng)
-  if programs.laid_out:  # the frozen base in the layouts the step's compiler picked for it, once
-    state = mesh_lib.put(state, train_step.input_formats[0][0])
-  if jax.process_count() > 1:
-    # Both steps are compiled first, then every process waits: the first cross-process collective
-    # must start everywhere within gloo's 30 s connect timeout, and compile times differ.
-    distributed.process_barrier("dgemma_steps_compiled")
-
   start_step = int(state.step)
   end_step = num_steps if stop_after_steps is None else min(num_steps, start_step + -(-stop_after_steps // advance)
                                                              * advance)
+  first_batch = next(train_iter) if start_step < end_step else None
+  if first_batch is not None and (programs.laid_out or jax.process_count() > 1):
+    train_step, eval_step = compiled_steps(programs, train_step, settings, mesh, base_rng, eval_rng,
+                                           batch_keys=tuple(first_batch))
+    if programs.laid_out:  # the frozen base in the layouts the step's compiler picked for it, once
+      state = mesh_lib.put(state, train_step.input_formats[0][0])
+    if jax.process_count() > 1:
+      # Both steps are compiled first, then every process waits: the first cross-process collective
+      # must start everywhere within gloo's 30 s connect timeout, and compile times differ.
+      distributed.process_barrier("dgemma_steps_compiled")
+
   tokens_per_step = settings.data.batch_size * settings.data.seq_len
   if settings.rl.enabled:  # the tokens sampled per update
     tokens_per_step = settings.data.batch_size * settings.rl.group_size * settings.diffusion.canvas_len // advance
@@ -380,7 +383,7 @@ def _train(settings, workdir_path: Path, mesh, prepared, stop_after_steps: Optio
   with interrupts.StopRequest() as stop, orbax_logs.closed_loop_noise_dropped():  # SIGINT / SIGTERM: this step is
     # the last, saved (interrupts.py); a failed asynchronous save is one line (workdir_ckpt.save_error)
     try:
-      host_batch = next(train_iter) if start_step < end_step else None
+      host_batch = first_batch
       for step in range(start_step, end_step, advance):
         state, metrics = train_step(state, step_lib.device_batch(host_batch, data_sharding), base_rng)
         done = step + advance
