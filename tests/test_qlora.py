@@ -10,8 +10,6 @@ float64 references), while the gradients of the original float weights differ at
 import copy
 import functools
 import json
-import os
-import signal
 
 import flax
 import jax
@@ -31,9 +29,9 @@ from dgemma.errors import ConfigError, TrainingInterrupted
 from dgemma.model import Transformer, init_cache, param_shapes
 from dgemma.tools import merge_lora
 from dgemma.train import loop
-from dgemma.train import metrics as metrics_lib
 from dgemma.train import optimizer as optimizer_lib
 from dgemma.train import state as state_lib
+from tests.train_utils import sigterm_when_logged
 from tests.model_utils import f64_config, float64, random_params, random_rows, to_f64
 
 GROUP = 16  # divides the tiny preset's every contracted size (64, 32, 128 ...): int4 has several groups per row
@@ -162,17 +160,9 @@ def test_qlora_run_resumes_exactly_keeps_its_base_and_loads_on_it(tiny_config, t
   config.opt.warmup_steps = 1
   straight = loop.train_and_evaluate(config, str(tmp_path / "straight"))
   # a real SIGTERM while step 1 is logged: the loop sees it after step 2, saves it and stops (TrainingInterrupted)
-  write = metrics_lib.MetricWriter.write
-
-  def write_then_signal(self, step, values, prefix="train"):
-    write(self, step, values, prefix)
-    if step == 1 and prefix == "train":
-      os.kill(os.getpid(), signal.SIGTERM)
-
-  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write_then_signal)
-  with pytest.raises(TrainingInterrupted, match="interrupted by SIGTERM after step 2 of 3"):
+  with sigterm_when_logged(monkeypatch, 1), pytest.raises(TrainingInterrupted,
+                                                           match="interrupted by SIGTERM after step 2 of 3"):
     loop.train_and_evaluate(config, str(tmp_path / "wd"))
-  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
   assert workdir_ckpt.steps(tmp_path / "wd") == [2]
   resumed = loop.train_and_evaluate(config, str(tmp_path / "wd"))
   for a, b in zip(jax.tree.leaves(jax.device_get((straight.params, straight.opt_state))),

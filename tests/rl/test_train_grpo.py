@@ -108,23 +108,13 @@ def test_rl_resumes_exactly_with_several_updates_per_rollout(tiny_config, tmp_pa
   """num_iterations 2: the rollout's log-probabilities are replayed and the ratio moves; a run stopped by a real
   SIGTERM (delivered while step 2 is logged: the loop sees it after the next rollout's two updates, step 4, saves
   it and raises TrainingInterrupted) and resumed equals the straight run bit for bit, reference included."""
-  import os
-  import signal
   from dgemma.errors import TrainingInterrupted
-  from dgemma.train import metrics as metrics_lib
+  from tests.train_utils import sigterm_when_logged
   config = toy_config(tiny_config, **HELD, **{"train.ckpt_every": 100, "train.log_every": 2})
   straight = loop.train_and_evaluate(config, str(tmp_path / "straight"), stop_after_steps=6)
-  write = metrics_lib.MetricWriter.write
-
-  def write_then_signal(self, step, values, prefix="train"):
-    write(self, step, values, prefix)
-    if step == 2 and prefix == "train":
-      os.kill(os.getpid(), signal.SIGTERM)
-
-  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write_then_signal)
-  with pytest.raises(TrainingInterrupted, match=r"interrupted by SIGTERM after step 4 of 20"):
+  with sigterm_when_logged(monkeypatch, 2), pytest.raises(TrainingInterrupted,
+                                                           match=r"interrupted by SIGTERM after step 4 of 20"):
     loop.train_and_evaluate(config, str(tmp_path / "resumed"), stop_after_steps=6)
-  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
   assert workdir_ckpt.steps(tmp_path / "resumed") == [4]
   resumed = loop.train_and_evaluate(config, str(tmp_path / "resumed"), stop_after_steps=2)
   assert int(resumed.step) == 6

@@ -24,6 +24,7 @@ from dgemma.checkpoints import workdir as workdir_ckpt
 from dgemma.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 from dgemma.train import loop, optimizer as optimizer_lib, state as state_lib, step as step_lib
 from tests.train.test_loop import QUICK_FLAGS, _quick, _quick_state, _small
+from tests.train_utils import sigterm_when_logged
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -338,27 +339,17 @@ def test_a_signal_saves_the_current_step_and_the_resume_equals_an_uninterrupted_
   raises TrainingInterrupted naming it; re-running the workdir resumes there, and the run ends as the
   uninterrupted one did (every parameter and optimizer moment equal, one metrics row per step). The handlers are
   the process's own again afterwards."""
-  import os
   import signal
   from dgemma.errors import TrainingInterrupted
-  from dgemma.train import metrics as metrics_lib
   config = quick_run.new_config()
   config.train.ckpt_every = 100  # no scheduled checkpoint before the end: the interrupt's is the only one
   wd = tmp_path / "wd"
-  write = metrics_lib.MetricWriter.write
-
-  def write_then_signal(self, step, values, prefix="train"):
-    write(self, step, values, prefix)
-    if step == 3 and prefix == "train":
-      os.kill(os.getpid(), signal.SIGTERM)
-
-  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write_then_signal)
   before = signal.getsignal(signal.SIGTERM)
-  with pytest.raises(TrainingInterrupted, match=r"interrupted by SIGTERM after step 4 of 8; saved: .*4$") as stopped:
+  with sigterm_when_logged(monkeypatch, 3), pytest.raises(
+      TrainingInterrupted, match=r"interrupted by SIGTERM after step 4 of 8; saved: .*4$") as stopped:
     loop.train_and_evaluate(config, str(wd))
   assert stopped.value.exit_code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) is before
   assert workdir_ckpt.steps(wd) == [4]
-  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
   resumed = loop.train_and_evaluate(config, str(wd))
   chex.assert_trees_all_equal(jax.device_get(resumed.params), quick_run.state.params)
   chex.assert_trees_all_equal(jax.device_get(resumed.opt_state), quick_run.state.opt_state)
@@ -481,10 +472,7 @@ def test_an_sft_run_stopped_by_a_signal_resumes_exactly(quick_run, corpus_file, 
   """An SFT run (data.format='sft', prompt / response pairs) gets SIGTERM while step 3 is logged: step 4 is saved,
   TrainingInterrupted raised, and the resumed run ends as the uninterrupted one (params and optimizer state equal):
   the loop's interrupt handling does not depend on the data it trains on."""
-  import os
-  import signal
   from dgemma.errors import TrainingInterrupted
-  from dgemma.train import metrics as metrics_lib
   lines = corpus_file.read_text().splitlines()
   pairs = tmp_path / "pairs.jsonl"
   pairs.write_text("".join(json.dumps({"prompt": a[:40], "response": b[:40]}) + "\n"
@@ -493,17 +481,9 @@ def test_an_sft_run_stopped_by_a_signal_resumes_exactly(quick_run, corpus_file, 
   config.data.format, config.data.files = "sft", (str(pairs),)
   config.train.ckpt_every = 100
   straight = jax.device_get(loop.train_and_evaluate(config, str(tmp_path / "straight")))
-  write = metrics_lib.MetricWriter.write
-
-  def write_then_signal(self, step, values, prefix="train"):
-    write(self, step, values, prefix)
-    if step == 3 and prefix == "train":
-      os.kill(os.getpid(), signal.SIGTERM)
-
-  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write_then_signal)
-  with pytest.raises(TrainingInterrupted, match=r"interrupted by SIGTERM after step 4 of 8"):
+  with sigterm_when_logged(monkeypatch, 3), pytest.raises(TrainingInterrupted,
+                                                           match=r"interrupted by SIGTERM after step 4 of 8"):
     loop.train_and_evaluate(config, str(tmp_path / "wd"))
-  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
   assert workdir_ckpt.steps(tmp_path / "wd") == [4]
   resumed = loop.train_and_evaluate(config, str(tmp_path / "wd"))
   chex.assert_trees_all_equal(jax.device_get(resumed.params), straight.params)
