@@ -190,11 +190,11 @@ def _make_programs(settings, mesh) -> RunPrograms:
 def compiled_steps(programs: RunPrograms, train_step, settings, mesh, base_rng, eval_rng,
                    batch_keys: tuple[str, ...] = ("tokens", "segment_ids", "positions")) -> tuple[Any, Any]:
   """`train_step` and the eval step compiled ahead of time for the run's batch (data.batch_size x data.seq_len
-  rows of int32 `batch_keys`: an SFT run's rows add 'loss_mask'): what a multi-process run compiles before its first collective, and what a laid-out run
-  (`RunPrograms.laid_out`) calls: only the compiled step knows the layouts it picked for the frozen base
-  (`input_formats`), so the eval step is compiled on those same layouts of the params, the step's output state is
-  held to them, and the run puts its state in them (mesh_lib.put, in _train). A laid-out run's pair is kept in
-  `programs.compiled`."""
+  rows of int32 `batch_keys`: an SFT run's rows add 'loss_mask'): what a multi-process run compiles before its first
+  collective, and what a laid-out run (`RunPrograms.laid_out`) calls: only the compiled step knows the layouts it
+  picked for the frozen base (`input_formats`), so the eval step is compiled on those same layouts of the params,
+  the step's output state is held to them, and the run puts its state in them (mesh_lib.put, in _train). A
+  laid-out run's pair is kept in `programs.compiled`."""
   shape = (settings.data.batch_size, settings.data.seq_len)
   key = (shape, tuple(sorted(batch_keys)))
   if programs.laid_out and key in programs.compiled:
@@ -202,6 +202,7 @@ def compiled_steps(programs: RunPrograms, train_step, settings, mesh, base_rng, 
   data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
   batch_spec = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data_sharding) for k in batch_keys}
   train_compiled = train_step.lower(programs.abstract_state, batch_spec, base_rng).compile()
+  eval_step = programs.eval_step
   if programs.laid_out:
     formats = train_compiled.input_formats[0][0]
     if jax.tree.leaves(train_compiled.output_formats[0]) != jax.tree.leaves(formats):
@@ -209,13 +210,10 @@ def compiled_steps(programs: RunPrograms, train_step, settings, mesh, base_rng, 
       # it. Compile again with both fixed to the layouts it picked for the input.
       logging.info("train step: the compiled state's output layouts differ from its inputs'; compiling with both "
                    "set to the input layouts")
-      fixed = jax.jit(train_step.__wrapped__, in_shardings=(formats, batch_spec["tokens"].sharding, None),
+      fixed = jax.jit(train_step.__wrapped__, in_shardings=(formats, data_sharding, None),
                       out_shardings=(formats, None), donate_argnums=(0,))
       train_compiled = fixed.lower(programs.abstract_state, batch_spec, base_rng).compile()
-  eval_step = programs.eval_step
-  if programs.laid_out:
-    eval_step = jax.jit(step_lib.make_eval_step(settings.model, settings.diffusion),
-                        in_shardings=(train_compiled.input_formats[0][0].params, data_sharding, None))
+    eval_step = jax.jit(programs.eval_step.__wrapped__, in_shardings=(formats.params, data_sharding, None))
   steps = train_compiled, eval_step.lower(programs.abstract_state.params, batch_spec, eval_rng).compile()
   if programs.laid_out:
     programs.compiled[key] = steps
