@@ -1,12 +1,14 @@
-"""Host memory of reading a base for QLoRA (finetune.base_quant): quantized tensor by tensor as it streams, against
-reading the float tree first, on a synthetic Hugging Face checkpoint of a preset.
+"""Host memory of reading a quantized model: a base for QLoRA (finetune.base_quant) and a model to sample
+(`dgemma.load(path, quantize=...)`), quantized tensor by tensor as it streams, against reading the float tree first,
+on a synthetic Hugging Face checkpoint of a preset.
 
   .venv/bin/python bench/qlora_load_memory.py [--config=configs/models/medium.py] [--scheme=int4_experts]
 
 Writes a random checkpoint of the preset in bfloat16 (dgemma's HF exporter) to a temporary directory, then in a
 fresh process for each way reads it as `train.init_from` does (`dgemma.checkpoints.load` with the run's quantizer, float32 parameters,
-the head_only frozen base quantized): 'streamed' (the base quantized as each layer's tensor is read) and
-'float first' (the float tree read whole, then quantized). Each process reports its resident-set high-water mark
+the head_only frozen base quantized): 'streamed' (the base quantized as each layer's tensor is read), 'load'
+(`dgemma.load(path, quantize=SCHEME, dtype='float32')`, what sampling reads with: every weight sample.quantize
+quantizes, the same way) and 'float first' (the float tree read whole, then quantized). Each process reports its resident-set high-water mark
 (Linux VmHWM) less its resident set just before reading; on CPU the "device" is this host, so the figure is the
 whole cost. Printed with the quantized tree's size, the float tree's, and the largest single float tensor.
 """
@@ -70,6 +72,13 @@ def _row(way: str, path: str) -> dict:
   poller.start()
   if way == "streamed":
     loaded = checkpoints.load(path, dtype="float32", quantizer=quantizer)
+  elif way == "load":  # the sampling front door: dgemma.load(hf_dir, quantize=...)
+    import dgemma
+    from configs import base
+    config = base.get_config()
+    config.data.tokenizer.kind = "byte"  # the checkpoint stores none
+    config.sample.quant_group_size = _GROUP.value
+    loaded = dgemma.load(path, quantize=_SCHEME.value, dtype="float32", config=config)
   else:
     loaded = checkpoints.load(path, dtype="float32")
     loaded = dataclasses.replace(loaded, params=quantizer.params(loaded.params))
@@ -103,7 +112,7 @@ def main(argv):
     hf.export_hf_checkpoint(base_cfg, jax.tree.map(fill, shapes), tmp, dtype="bfloat16",
                             base_config={"model_type": hf.DIFFUSION})
     rows = []
-    for way in ("streamed", "float_first"):
+    for way in ("streamed", "load", "float_first"):
       out = subprocess.run([sys.executable, __file__, f"--row={way}", f"--path={tmp}",
                             f"--config={_config_arg()}", f"--scheme={_SCHEME.value}",
                             f"--group_size={_GROUP.value}"], capture_output=True, text=True, check=True)

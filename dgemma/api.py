@@ -206,10 +206,12 @@ def load_with(header: checkpoints.Checkpoint, settings: settings_lib.Settings, *
   source = checkpoints.at_step(header, settings.sample.checkpoint_step if step is None else step)
   # laid out as the settings' model (its dtypes and compute choices: a run's, also for the weights of a run kept
   # elsewhere, its adapter, conversion or export), so they generate as the run does; a QLoRA run (and its adapter)
-  # on the quantized base it trained against (finetune.base_quant)
+  # on the quantized base it trained against (finetune.base_quant), the other weights quantized as sample.quantize
+  # says while they are read (an HF directory or params checkpoint: one tensor at a time, so the float model never
+  # exists on the device; docs/finetuning.md)
   placement = checkpoints.Placement(jax_mesh, settings.mesh.axis_rules)
-  ckpt = checkpoints.load_as(source, settings.model, placement=placement,
-                             quantizer=finetune_lib.base_quantizer(settings.finetune))
+  quantizer = quant.chain(finetune_lib.base_quantizer(settings.finetune), quant.Quantizer(settings.sample.quant))
+  ckpt = checkpoints.load_as(source, settings.model, placement=placement, quantizer=quantizer)
   return Model(ckpt, settings, jax_mesh, tokenizer=tokenizer)
 
 
@@ -226,7 +228,7 @@ class Model:
     if self.tokenizer.vocab_size > settings.model.vocab_size:
       raise ConfigError(f"model.vocab_size: {settings.model.vocab_size} is smaller than the tokenizer's "
                         f"vocabulary ({self.tokenizer.vocab_size}, {self.tokenizer!r})")
-    self.params = quant.quantize_params(checkpoint.params, settings.sample.quant)
+    self.params = quant.quantize_params(checkpoint.params, settings.sample.quant)  # already, when read by load_with
 
   def with_settings(self, settings: settings_lib.Settings) -> "Model":
     """The same weights with other settings (e.g. an ablation's sample / eval overrides); the architecture,

@@ -3,6 +3,7 @@
   qcfg = settings.sample.quant                    # sample.quantize / quant_group_size / quantize_embedding
   qparams = quantize_params(params, qcfg)         # a whole tree (sampling, eval, benchmarks)
   Quantizer(qcfg, only)(key_path, w)              # one tensor: the transform a checkpoint reader streams with
+  chain(base_quantizer, Quantizer(qcfg))          # the first that quantizes a weight does (dgemma.load)
   Transformer(cfg).apply({'params': qparams}, ...)  # the model dequantizes each weight where it is used
 
 Scheme (symmetric, round-to-nearest, no zero point):
@@ -53,7 +54,8 @@ from dgemma.model import lora, param_shapes, qarray, sharding
 from dgemma.model.qarray import PackedInt4, QArray, dequantize, is_quantized, take_rows
 
 # The quantized weight type and its helpers live beside the layers that read them (dgemma/model/qarray.py).
-__all__ = ["PackedInt4", "Plan", "QArray", "QuantConfig", "Quantizer", "SCHEMES", "check", "contracted_axes",
+__all__ = ["Chain", "PackedInt4", "Plan", "QArray", "QuantConfig", "Quantizer", "SCHEMES", "chain", "check",
+           "contracted_axes",
            "dequantize", "is_quantized", "leaf_plan", "quantize_array", "quantize_boxed", "quantize_leaf", "quantize_params", "same_layout", "stack",
            "take_rows", "tree_bytes"]
 
@@ -259,6 +261,43 @@ class Quantizer:
   def boxed(self, boxed: Any) -> Any:
     """A boxed params tree or its shapes (`quantize_boxed`): the layout a model's quantized tree is placed as."""
     return quantize_boxed(boxed, self.config, self.only)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain:
+  """Quantizers tried in order, as one per-tensor transform (`Quantizer`'s methods): each weight is quantized by the
+  first that quantizes it. `dgemma.load` reads with a QLoRA run's frozen base (finetune.base_quant) first, then
+  sample.quant for the rest, so the sampled model's float weights never exist at once."""
+  parts: tuple[Quantizer, ...]
+
+  def _first(self, names: tuple[str, ...], shape: tuple[int, ...]) -> Optional[Quantizer]:
+    return next((q for q in self.parts if q.plan(names, shape) is not None), None)
+
+  def __call__(self, names: tuple[str, ...], w: Any) -> Any:
+    q = self._first(tuple(names), np.shape(w))
+    return w if q is None else q(names, w)
+
+  def plan(self, names: tuple[str, ...], shape: tuple[int, ...]) -> Optional[Plan]:
+    q = self._first(tuple(names), shape)
+    return None if q is None else q.plan(names, shape)
+
+  def params(self, params: Any) -> Any:
+    return functools.reduce(lambda tree, q: q.params(tree), self.parts, params)  # a quantized leaf stays as it is
+
+  def boxed(self, boxed: Any) -> Any:
+    return functools.reduce(lambda tree, q: q.boxed(tree), self.parts, boxed)
+
+
+def chain(*quantizers: Optional[Quantizer | Chain]) -> Optional[Quantizer | Chain]:
+  """The quantizers given (None, or a 'none' scheme, left out; a Chain's in its order) as one transform; None when
+  none is left."""
+  parts = []
+  for q in quantizers:
+    if isinstance(q, Chain):
+      parts.extend(q.parts)
+    elif q is not None and q.config.scheme != "none":
+      parts.append(q)
+  return None if not parts else parts[0] if len(parts) == 1 else Chain(tuple(parts))
 
 
 def stack(pieces: list[Any]) -> Any:

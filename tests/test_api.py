@@ -3,6 +3,7 @@ the lower-level functions on the same params and key; the tokenizer that belongs
 on a converted checkpoint end to end."""
 
 import collections
+import dataclasses
 import json
 import os
 import subprocess
@@ -336,8 +337,13 @@ def test_bad_inputs_are_one_error_naming_the_argument_before_any_work(loaded, mo
   assert sum(need.values()) > free
   with pytest.raises(ConfigError, match=r"prompt: 1 row\(s\) of a 20001-token prompt \+ 2 canvas\(es\) of 8 need about "
                                         r"\d+\.\d GiB \(kv cache .* GiB, prompt attention scores .* GiB\), more than the "
-                                        r"1\.0 GiB of free memory"):
+                                        r"1\.0 GiB of free memory.*or encode the prompt in chunks "
+                                        r"\(sample.prompt_chunk=1024\)"):
     model.generate_ids([[2] * 20_001], ["long"], max_new_tokens=16)
+  chunked = generation.request_bytes(model.model_cfg, dataclasses.replace(
+      model.call_settings().canvas_sampler, prompt_chunk=1024), batch=1, prompt_len=20_001, max_new_tokens=16)
+  assert chunked["kv_cache"] == need["kv_cache"]  # the scores of one 1,024-token chunk, not the prompt's
+  assert chunked["prompt_attention_scores"] * 20_001 == need["prompt_attention_scores"] * 1024
 
 
 def test_score_refuses_an_empty_document_before_scoring(loaded, monkeypatch):

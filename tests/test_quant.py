@@ -2,6 +2,7 @@
 the sampler end to end, and the bf16 checkpoint load path."""
 
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -121,6 +122,28 @@ def test_what_is_quantized_and_bytes():
   assert not any(quant.is_quantized(x) for x in adapters.values())
   assert {k for k, x in leaves if quant.is_quantized(x)} == {k for k, x in jax.tree_util.tree_leaves_with_path(
       abstract, is_leaf=quant.is_quantized) if quant.is_quantized(x)}
+
+
+def test_chain_quantizes_each_weight_by_the_first_that_plans_it():
+  """quant.chain: a QLoRA base's quantizer (here: the experts only, int4) first, then sample.quant (int8) for the
+  rest; the whole-tree methods agree with the per-tensor one; None and 'none' schemes are left out."""
+  experts = quant.Quantizer(quant.QuantConfig("int4", 16), only=lambda names: "experts" in names)
+  int8 = quant.Quantizer(quant.QuantConfig("int8"))
+  assert quant.chain(None, quant.Quantizer(quant.QuantConfig("none"))) is None
+  assert quant.chain(None, int8) is int8
+  both = quant.chain(experts, int8)
+  assert quant.chain(both, None).parts == both.parts == (experts, int8)
+  tree = jax.eval_shape(both.params, TINY_SHAPES)
+  flat = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree, is_leaf=quant.is_quantized)}
+  schemes = {k: jnp.dtype(x.qtype).name for k, x in flat.items() if quant.is_quantized(x)}
+  assert schemes.pop("['blocks']['layer_0']['moe']['experts']['gate_proj']") == "int4"
+  assert "int4" not in {v for k, v in schemes.items() if "experts" not in k} and "int8" in schemes.values()
+  for path, shape in jax.tree_util.tree_leaves_with_path(TINY_SHAPES):
+    names = tuple(str(k.key) for k in path)
+    one = jax.eval_shape(functools.partial(both, names), shape)
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), one) == jax.tree.map(
+        lambda a: (a.shape, a.dtype), flat[jax.tree_util.keystr(path)]), names
+    assert (both.plan(names, shape.shape) is None) == (not quant.is_quantized(one))
 
 
 def _smooth_params():

@@ -18,12 +18,12 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import flax
 import jax
 
-from dgemma import finetune
+from dgemma import finetune, quant
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import params as params_ckpt
 from dgemma.checkpoints.checkpoint import Checkpoint, Placement, with_dtype
@@ -116,9 +116,11 @@ def describe(path: str | os.PathLike, field: str, describe_base: Callable[[str, 
                     tokenizer_file=base.tokenizer_file, hf_config=base.hf_config, stored_quantizer=stored, base=base)
 
 
-def read(header: Checkpoint, placement: Placement, dtype: str | None, load_as: Callable[..., Checkpoint]) -> Any:
+def read(header: Checkpoint, placement: Placement, dtype: str | None, load_as: Callable[..., Checkpoint],
+         quantizer: Optional[quant.Quantizer] = None) -> Any:
   """The adapter's base (any kind, its header in header.base) laid out as the adapter's model with the adapter's
-  leaves on top, placed; `load_as` is the cross-kind reader's."""
+  leaves on top, placed; `load_as` is the cross-kind reader's. The base is held as the run held it
+  (header.stored_quantizer), its other weights quantized by `quantizer` as they are read."""
   leaves = flax.traverse_util.flatten_dict(load_adapter(header.path)[0])
   return load_as(header.base, with_dtype(header.model, dtype), placement=placement,
-                 quantizer=header.stored_quantizer, leaves=lambda missing: leaves).params
+                 quantizer=quant.chain(header.stored_quantizer, quantizer), leaves=lambda missing: leaves).params

@@ -124,14 +124,14 @@ def load(source: Source, *, step: Optional[int] = None, placement: Optional[Plac
          dtype: Optional[str] = None, quantizer: Optional[quant.Quantizer] = None) -> Checkpoint:
   """The params of any checkpoint kind as it holds them (its own model, in `dtype` when given), placed (default
   `Placement.of()`), checked finite; `step` is for runs only. `quantizer`: applied to each tensor of a params
-  checkpoint or HF directory as it is read (module docstring)."""
+  checkpoint or HF directory as it is read, an adapter's base included (module docstring)."""
   described = _described(source, step)
   placement = placement or Placement.of()
   model = with_dtype(described.model, dtype)
   if described.kind == "workdir":
     tree = workdir.read(described, placement, dtype)
   elif described.kind == "adapter":
-    tree = adapter.read(described, placement, dtype, load_as)
+    tree = adapter.read(described, placement, dtype, load_as, quantizer)
   else:
     read = params.read if described.kind == "params" else hf.read
     tree = place(read(described, dtype, quantizer), model, placement)
@@ -201,12 +201,15 @@ def load_as(source: Source, model: ModelConfig, *, placement: Optional[Placement
   described = _described(source)
   placement = placement or Placement.of()
   transfer = check_loadable_as(described, model)
-  loaded = load(described, placement=placement, dtype=model.param_dtype, quantizer=quantizer)
   # A QLoRA run's quantized base (finetune.base_quant) is kept as stored where it is read into the same layout and
   # quantization; otherwise it is read as the float model the run trained against (its dequantized weights):
-  # merged into, relaid and re-quantized like any float checkpoint.
+  # merged into, relaid and re-quantized like any float checkpoint. `quantizer` is applied while reading only then
+  # (a weight to merge into or relay is read in float and quantized once, below).
   keep_quantized = transfer != "merge" and described.model.block_period == model.block_period
+  loaded = load(described, placement=placement, dtype=model.param_dtype,
+                quantizer=quantizer if keep_quantized else None)
   flat = {k: v if keep_quantized else quant.dequantize(v) for k, v in _flat(loaded.params).items()}
+  loaded = dataclasses.replace(loaded, params=None)  # each read weight is let go once placed (below)
   if transfer == "merge":
     flat = merge_adapters(flat, described.model.lora.scale)
   if described.model.block_period != model.block_period:
@@ -233,5 +236,6 @@ def load_as(source: Source, model: ModelConfig, *, placement: Optional[Placement
       dense = put(quant.dequantize(value), jax.ShapeDtypeStruct(target.shape, target.dtype,
                                                                 sharding=jax.tree.leaves(target)[0].sharding))
       value = quantizer(key, dense)
+      del dense
     placed[key] = jax.tree.map(put, value, target)
   return dataclasses.replace(loaded, model=model, params=flax.traverse_util.unflatten_dict(placed))

@@ -78,6 +78,9 @@ class SamplerSettings:
   schedule_eps: float = setting(1e-3, "eps of the 'loglinear' schedule (alpha(1) = eps)", lo=0.0, hi=1.0,
                                 lo_open=True, hi_open=True)
   greedy_last_step: bool = setting(True, "'ancestral' / 'pc': the last step takes argmax(x_theta)")
+  prompt_chunk: int = setting(0, "encode the prompt this many tokens at a time, each chunk reading the cache the ones "
+                              "before wrote (the same attention; the prompt encode's activations and attention "
+                              "scores for one chunk, not the whole prompt); 0 = the whole prompt at once", lo=0)
   max_context: int = setting(0, "positions the model may use: prompt + ceil(max_new_tokens / canvas_len) * "
                              "canvas_len <= this; 0 = 262,144 (DiffusionGemma)", lo=1, zero_means=CONTEXT_LEN)
   show: str = setting("none", "'none' | 'live': redraw the canvases in the terminal every step",

@@ -4,7 +4,8 @@ Reference doc, "Two modes" and "Sampler (released defaults)" / "Commit"; HF 5.24
 `DiffusionGemmaGenerationMixin.generate`:
   1. The right-padded prompts are encoded once (causal) into a fixed-size KV cache of
      P + (num_canvases - 1) * C slots (padding slots get segment 0 and are never attended); sliding
-     layers keep a ring of min(W, slots) of them (`dgemma.model.transformer.KVCache`).
+     layers keep a ring of min(W, slots) of them (`dgemma.model.transformer.KVCache`). With
+     sample.prompt_chunk the encode runs a chunk of the prompt at a time (`encode_prompt`; the same attention).
   2. Each canvas is denoised (`sampler.denoise_canvas`) at positions len_b + committed_b + [0, C):
      row b's canvas follows its own valid tokens, as HF does for a single unpadded prompt.
   3. The canvas result (`sampler.canvas_result`: the argmax canvas, or z_0 for the ancestral
@@ -127,20 +128,22 @@ def check_request(cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_to
       parts = ", ".join(f"{name.replace('_', ' ')} {size / 2**30:.1f} GiB" for name, size in need.items())
       raise ConfigError(f"prompt: {batch} row(s) of a {prompt_len}-token prompt + {k} canvas(es) of {c} need about "
                         f"{sum(need.values()) / 2**30:.1f} GiB ({parts}), more than the {free / 2**30:.1f} GiB of free "
-                        "memory; shorten the prompt, generate fewer rows at once or lower sample.max_new_tokens")
+                        "memory; shorten the prompt, generate fewer rows at once or lower sample.max_new_tokens"
+                        + ("" if "prompt_attention_scores" not in need or (cfg.prompt_chunk and cfg.prompt_chunk <= 1024)
+                           else ", or encode the prompt in chunks (sample.prompt_chunk=1024)"))
 
 
 def request_bytes(model_cfg, cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_tokens: int) -> dict:
   """The largest buffers of one generate call, in bytes, on one device: the KV cache (every layer's keys and
   values over the prompt and committed canvases; sliding layers a window-sized ring) and the attention scores of
-  the prompt encode (batch x heads x prompt x cache slots, fp32) when the encoder's attention materialises them
-  (attention_impl 'xla'; tokamax's flash kernels do not)."""
+  the prompt encode (batch x heads x the prompt or its longest chunk, sample.prompt_chunk x cache slots, fp32) when
+  the encoder's attention materialises them (attention_impl 'xla'; tokamax's flash kernels do not)."""
   from dgemma.model import attention  # pylint: disable=g-import-not-at-top  (the model imports sampling's config)
   slots = cache_size(prompt_len, max_new_tokens, cfg.canvas_len)
   cache = jax.eval_shape(lambda: init_cache(model_cfg, batch, slots, jnp.dtype(model_cfg.dtype), sliding_ring=True))
   out = {"kv_cache": sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(cache))}
   if attention.resolve_impl(model_cfg.attention_impl) == "xla":
-    out["prompt_attention_scores"] = 4 * batch * model_cfg.num_heads * prompt_len * slots
+    out["prompt_attention_scores"] = 4 * batch * model_cfg.num_heads * min(prompt_len, cfg.prompt_chunk or prompt_len) * slots
   return out
 
 
@@ -202,6 +205,40 @@ def _model_cfg(model):
   raise ValueError("generate: the model has no `cfg`/`config` attribute (expected a dgemma Transformer)")
 
 
+def prompt_chunks(prompt_len: int, chunk: int) -> tuple[int, int]:
+  """(first, n): the prompt is encoded as a first chunk of `first` tokens, then n chunks of `chunk` (sample.prompt_chunk;
+  0 or a chunk >= the prompt: the whole prompt, (prompt_len, 0))."""
+  if not chunk or chunk >= prompt_len:
+    return prompt_len, 0
+  first = prompt_len % chunk or chunk
+  return first, (prompt_len - first) // chunk
+
+
+def encode_prompt(apply, prompt_BP, pos_BP, seg_BP, cache, *, chunk: int, shift: bool):
+  """The prompt written into `cache` by causal encode passes, a chunk of tokens at a time (`prompt_chunks`): each
+  chunk is appended at the next slots and attends to the slots before it, so every token reads what the whole prompt's
+  pass would give it, while one chunk's activations and attention scores are live, not the prompt's. Returns the
+  cache and, with `shift` (model.decoder_shift), the fp32 logits at each row's last valid token."""
+  first, n = prompt_chunks(prompt_BP.shape[1], chunk)
+
+  def one(carry, xs):
+    cache, prev_BV = carry
+    tokens_BT, pos_BT, seg_BT = xs
+    logits_BTV, cache = apply(tokens_BT, pos_BT, seg_BT, cache, return_logits=shift, method="encode")
+    if shift:  # the row's valid tokens in this chunk are a prefix of it
+      count_B = jnp.sum(seg_BT != 0, axis=1, dtype=jnp.int32)
+      prev_BV = last_valid_logits(logits_BTV, count_B, prev_BV).astype(jnp.float32)
+    return (cache, prev_BV), None
+
+  batch = prompt_BP.shape[0]
+  head = lambda x: x[:, :first]
+  (cache, prev_BV), _ = one((cache, None), (head(prompt_BP), head(pos_BP), head(seg_BP)))
+  if n:
+    rest = lambda x: jnp.moveaxis(x[:, first:].reshape(batch, n, chunk), 1, 0)  # [n, B, chunk]
+    (cache, prev_BV), _ = jax.lax.scan(one, (cache, prev_BV), (rest(prompt_BP), rest(pos_BP), rest(seg_BP)))
+  return cache, prev_BV
+
+
 def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: str,
                    params, prompt_BP, lengths_B, rng, fixed_BN, fixed_mask_BN, active_B, callback_id) -> GenerateOutput:
   mcfg = _model_cfg(model)
@@ -227,10 +264,9 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
   prompt_seg_BP = (iota_P[None, :] < lengths_B[:, None]).astype(jnp.int32)
   prompt_pos_BP = jnp.broadcast_to(iota_P, (batch, prompt_len))
   shift = bool(getattr(mcfg, "decoder_shift", False))
-  prompt_logits_BPV, cache = apply(prompt_BP.astype(jnp.int32), prompt_pos_BP, prompt_seg_BP, cache,
-                                   return_logits=shift, method="encode")
   # model.decoder_shift: the first canvas position is scored by the logits at the token before it
-  prev_logits_BV = last_valid_logits(prompt_logits_BPV, lengths_B).astype(jnp.float32) if shift else None
+  cache, prev_logits_BV = encode_prompt(apply, prompt_BP.astype(jnp.int32), prompt_pos_BP, prompt_seg_BP, cache,
+                                        chunk=cfg.prompt_chunk, shift=shift)
 
   # infilling targets, padded to whole canvases (an all-False mask when not infilling: one program)
   pad = M - max_new_tokens

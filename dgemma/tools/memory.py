@@ -10,7 +10,7 @@ abstract shapes and compiled for one device, XLA's buffer assignment printed, `p
   python -m dgemma.tools.memory --config=configs/finetune_head_qlora.py --train --target=h100
 and of the generate program (`--sample`: a `--context`-token prompt and one canvas, `--quantize` weights):
   python -m dgemma.tools.memory --config=configs/models/diffusiongemma_26b_a4b.py --sample --quantize=int4_experts \
-      --context=4096 --target=h100
+      --context=4096 --target=h100 [--prompt_chunk=1024] [--weight_layouts=auto]
 and both for each card a researcher may have (`--fits`: a 24 GB, a 40 GB and an 80 GB GPU, TPU v5e-1 and v6e-1):
   python -m dgemma.tools.memory --config=configs/finetune_head_qlora.py --fits --quantize=int4_experts --context=4096
 
@@ -48,6 +48,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.layout import Format, Layout
 
 from dgemma import finetune, quant
 from dgemma import mesh as mesh_lib
@@ -241,18 +242,21 @@ def compiled_train_memory(settings, device=None) -> dict[str, int]:
 def compiled_memory(lowered, arguments: int) -> dict[str, int]:
   """XLA's buffer assignment of a lowered program, compiled: 'arguments', 'outputs', 'aliased', 'temporaries' and
   'peak' (arguments + outputs - aliased + temporaries, or XLA's own peak when it reports a larger one). A program
-  the compiler refuses for want of memory (a TPU's does: "HLO temporaries (34.80G) exceeds available HBM
-  (31.25G)") is a plan too: its temporaries and the device's 'available' bytes from the message, `arguments` (the
-  caller's count of the argument bytes), outputs and aliasing unknown (0), and 'refused' 1."""
+  the compiler refuses for want of memory (a TPU's does: "the total memory required for HLO temporaries (16.37G)
+  exceeds available HBM (15.75G)") is a plan too. The message's figure is everything the program needs at its peak,
+  its arguments and outputs included (a program of a 5.5 GiB argument and two 5.5 GiB outputs is refused with
+  16.50G: tests/tools/test_memory.py), so it is the plan's 'peak'; with 'available' from the message, `arguments`
+  (the caller's count of the argument bytes), 'temporaries' the rest (outputs included: the split is not known),
+  'refused' 1."""
   try:
     stats = lowered.compile().memory_analysis()
   except jax.errors.JaxRuntimeError as e:
     found = REFUSED.search(str(e))
     if found is None:
       raise
-    temporaries, available = (int(float(x) * GiB) for x in found.groups())
-    return dict(arguments=arguments, outputs=0, aliased=0, temporaries=temporaries, available=available,
-                peak=arguments + temporaries, refused=1)
+    required, available = (int(float(x) * GiB) for x in found.groups())
+    return dict(arguments=arguments, outputs=0, aliased=0, temporaries=max(required - arguments, 0),
+                available=available, peak=required, refused=1)
   out = dict(arguments=int(stats.argument_size_in_bytes), outputs=int(stats.output_size_in_bytes),
              aliased=int(stats.alias_size_in_bytes), temporaries=int(stats.temp_size_in_bytes), refused=0)
   summed = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
@@ -260,11 +264,14 @@ def compiled_memory(lowered, arguments: int) -> dict[str, int]:
   return out
 
 
-def compiled_sample_memory(settings, prompt_len: int, device=None) -> dict[str, int]:
+def compiled_sample_memory(settings, prompt_len: int, device=None, weight_layouts: str = "default") -> dict[str, int]:
   """XLA's buffer assignment for the real generate program (`dgemma.sampling.generate`: the prompt encode of
   `prompt_len` tokens and one canvas of the config's sampler, batch 1, `sample.max_context` = prompt + canvas) on the
   weights as sample.quantize quantizes them, on one `device` (`compiled_train_memory`), compiled from abstract
-  shapes. Bytes as `compiled_memory`, with 'weights' (the quantized tree)."""
+  shapes. Bytes as `compiled_memory`, with 'weights' (the quantized tree). `weight_layouts`: 'default' (the
+  weights in their default memory layouts, as dgemma.load holds them) or 'auto' (left to the compiler, as a QLoRA
+  train step holds its frozen base: what a sampler holding its weights in the layouts its program picks would
+  need; dgemma's sampler does not yet)."""
   mesh = one_device_mesh(device)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   cfg, qcfg, canvas = settings.model, settings.sample.quant, settings.diffusion.canvas_len
@@ -274,8 +281,14 @@ def compiled_sample_memory(settings, prompt_len: int, device=None) -> dict[str, 
   shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
   sampler = dataclasses.replace(settings.sampler_config, max_context=prompt_len + canvas)
   model = Transformer(cfg)
+  if weight_layouts not in WEIGHT_LAYOUTS:
+    raise ConfigError(f"--weight_layouts: one of {WEIGHT_LAYOUTS}, got {weight_layouts!r}")
+  in_shardings = None
+  if weight_layouts == "auto":
+    auto = jax.tree.map(lambda s: Format(Layout.AUTO, s.sharding), shapes)
+    in_shardings = (auto, replicated, replicated)
   program = jax.jit(lambda params, prompt_BP, lengths_B: generate(
-      model, params, prompt_BP, lengths_B, sampler, jax.random.key(0), canvas).tokens_BN)
+      model, params, prompt_BP, lengths_B, sampler, jax.random.key(0), canvas).tokens_BN, in_shardings=in_shardings)
   prompt = jax.ShapeDtypeStruct((1, prompt_len), jnp.int32, sharding=replicated)
   lengths = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=replicated)
   lowered = program.lower(shapes, prompt, lengths)
@@ -283,11 +296,14 @@ def compiled_sample_memory(settings, prompt_len: int, device=None) -> dict[str, 
   return dict(compiled_memory(lowered, arguments=weights + quant.tree_bytes((prompt, lengths))), weights=weights)
 
 
-def sample_report(settings, prompt_len: int, target: str = "host") -> str:
+WEIGHT_LAYOUTS = ("default", "auto")
+
+
+def sample_report(settings, prompt_len: int, target: str = "host", weight_layouts: str = "default") -> str:
   """The compiled generate program's memory plan (`compiled_sample_memory` on `targets.device(target)`), its last
   line `peak X GiB`."""
   device = targets.device(target)
-  m = compiled_sample_memory(settings, prompt_len, device)
+  m = compiled_sample_memory(settings, prompt_len, device, weight_layouts)
   cfg, qcfg = settings.model, settings.sample.quant
   fmt = lambda x: f"{x / GiB:8.3f} GiB"
   return "\n".join([
@@ -296,11 +312,15 @@ def sample_report(settings, prompt_len: int, target: str = "host") -> str:
       f"generate compiled for one {device.device_kind} ({device.platform}; XLA's buffer assignment, nothing "
       f"allocated): sample.quantize {qcfg.scheme}"
       + (f" (int4 groups of {qcfg.group_size})" if qcfg.scheme in ("int4", "int4_experts") else "")
-      + f", a {prompt_len}-token prompt and one {settings.diffusion.canvas_len}-token canvas, batch 1",
+      + f", a {prompt_len}-token prompt"
+      + (f" encoded {settings.sample.prompt_chunk} tokens at a time" if settings.sample.prompt_chunk else "")
+      + f" and one {settings.diffusion.canvas_len}-token canvas, batch 1"
+      + ("; the weights' layouts left to the compiler" if weight_layouts == "auto" else ""),
       f"  arguments        {fmt(m['arguments'])}   (the weights: {m['weights'] / GiB:.3f} GiB)",
       f"  outputs          {fmt(m['outputs'])}",
       f"  temporaries      {fmt(m['temporaries'])}   (KV cache, activations, the sampler's work)",
-      *([f"  refused by the compiler: the temporaries exceed the {m['available'] / GiB:.2f} GiB it allows a program"]
+      *([f"  refused by the compiler: the program needs {m['peak'] / GiB:.2f} GiB in all, over the "
+         f"{m['available'] / GiB:.2f} GiB it allows (temporaries: the rest beyond the arguments, outputs included)"]
         if m["refused"] else []),
       f"peak {m['peak'] / GiB:.2f} GiB"])
 
@@ -404,8 +424,9 @@ def train_report(settings, target: str = "host") -> str:
       f"    batch                    {fmt(m['batch'])}",
       f"  outputs          {fmt(m['outputs'])}   (of which {m['aliased'] / GiB:.3f} GiB written into the donated state)",
       f"  temporaries      {fmt(m['temporaries'])}",
-      *([f"  refused by the compiler: the temporaries exceed the {m['available'] / GiB:.2f} GiB it allows a program "
-         "(arguments: the state and batch as counted here; outputs not known)"] if m["refused"] else []),
+      *([f"  refused by the compiler: the program needs {m['peak'] / GiB:.2f} GiB in all, over the "
+         f"{m['available'] / GiB:.2f} GiB it allows (temporaries: the rest beyond the arguments as counted here, "
+         "outputs included)"] if m["refused"] else []),
       f"peak {m['peak'] / GiB:.2f} GiB"])
 
 
@@ -471,12 +492,15 @@ def main(argv):
     if _FLAGS["sample"].value or _FLAGS["fits"].value:
       config.sample.quantize = _FLAGS["quantize"].value
       config.sample.quant_group_size = _FLAGS["group_size"].value
+      if _FLAGS["prompt_chunk"].value >= 0:
+        config.sample.prompt_chunk = _FLAGS["prompt_chunk"].value
     if _FLAGS["fits"].value:
       settings = settings_lib.from_config(config)
       print(fits_report(settings, _FLAGS["context"].value,
                         fits(settings, _FLAGS["context"].value, longest=_FLAGS["longest_prompt"].value)))
     elif _FLAGS["sample"].value:
-      print(sample_report(settings_lib.from_config(config), _FLAGS["context"].value, target))
+      print(sample_report(settings_lib.from_config(config), _FLAGS["context"].value, target,
+                          _FLAGS["weight_layouts"].value))
     else:
       print(train_report(settings_lib.from_config(config), target))
     return
@@ -515,6 +539,12 @@ if __name__ == "__main__":
       longest_prompt=flags.DEFINE_bool("longest_prompt", False, "With --fits: also the longest prompt (1,024 "
                                        "doubled, up to the model's positions) whose generate program fits each card, "
                                        "by bisection over compiled plans (a few more compiles per card)."),
+      prompt_chunk=flags.DEFINE_integer("prompt_chunk", -1, "--sample / --fits: sample.prompt_chunk, the prompt "
+                                        "encoded this many tokens at a time (0 = at once; -1 = the config's)"),
+      weight_layouts=flags.DEFINE_enum("weight_layouts", "default", list(WEIGHT_LAYOUTS), "--sample: the weights in "
+                                       "their default layouts (as dgemma.load holds them) or 'auto', left to the "
+                                       "compiler (what a sampler holding laid-out weights would need; not yet "
+                                       "dgemma's)."),
       target=flags.DEFINE_enum("target", "host", list(targets.TARGETS), "--train / --sample compile for: 'host' ("
                                "this machine's device) or an accelerator without one (dgemma/tools/targets.py; the "
                                "plugins make venv installs beside the environment)."),

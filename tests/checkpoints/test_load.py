@@ -3,14 +3,16 @@
 import json
 
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from dgemma import checkpoints
+import dgemma
+from dgemma import checkpoints, quant
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
-from dgemma.checkpoints import adapter, params as params_ckpt, workdir as workdir_ckpt
+from dgemma.checkpoints import adapter, params as params_ckpt, reader, workdir as workdir_ckpt
 from dgemma.errors import CheckpointError
 from dgemma.train import loop, optimizer as optimizer_lib, state as state_lib
 from configs.models import tiny
@@ -120,3 +122,48 @@ def test_an_adapter_loads_with_its_runs_settings_and_step(run, tmp_path):
 def flax_flat(tree):
   import flax
   return flax.traverse_util.flatten_dict(tree)
+
+
+
+def _live_device_bytes() -> int:
+  return sum(x.nbytes for x in jax.live_arrays())
+
+
+@pytest.mark.parametrize("kind", ["hf", "params", "workdir"])
+def test_quantized_load_streams_the_same_bits(run, tmp_path, monkeypatch, kind):
+  """dgemma.load(path, quantize=...) quantizes each weight as it is read (sample.quantize, one tensor at a time):
+  the same bits as quantizing the float model loaded whole (what load did before), while the device never holds the
+  float model. The device's peak is taken after each weight is placed (`reader.put`), less what was live before; a
+  read that placed the float tree first would hold all of it at its last placement. Bound: the quantized model
+  (with the leaves it keeps float) plus its largest float weight (the one being quantized)."""
+  wd, config = run
+  path = wd if kind == "workdir" else tmp_path / kind
+  if kind == "params":
+    trained = checkpoints.load(wd)
+    params_ckpt.save_params(path, jax.device_get(trained.params), trained.model.to_dict())
+  elif kind == "hf":
+    save_random_hf(checkpoints.header(wd).model, path)
+  config = ml_collections.ConfigDict(config.to_dict())  # the run's (its byte tokenizer: the others store none)
+  config.sample.quant_group_size = 16  # the tiny model's expert width (32) in two groups
+  float_params = dgemma.load(str(path), config=config).params
+  float_bytes = sum(x.nbytes for x in jax.tree.leaves(float_params))
+  largest = max(x.nbytes for x in jax.tree.leaves(float_params))
+
+  before, peak, put = _live_device_bytes(), [0], reader.put
+  def spy(value, target):
+    out = put(value, target)
+    peak[0] = max(peak[0], _live_device_bytes() - before)
+    return out
+  monkeypatch.setattr(reader, "put", spy)
+  got = dgemma.load(str(path), quantize="int4_experts", config=config)
+  want = quant.quantize_params(float_params, got.settings.sample.quant)
+  assert jax.tree.structure(want) == jax.tree.structure(got.params)
+  for (key, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got.params)):
+    assert w.dtype == g.dtype, jax.tree_util.keystr(key)
+    np.testing.assert_array_equal(np.asarray(w), np.asarray(g), err_msg=jax.tree_util.keystr(key))
+  # the model holds one tree: no float copy kept beside the quantized one
+  assert all(a is b for a, b in zip(jax.tree.leaves(got.checkpoint.params), jax.tree.leaves(got.params)))
+  if kind != "workdir":  # a run's float tree is restored whole by Orbax first, then quantized weight by weight
+    quantized = quant.tree_bytes(got.params)
+    assert quantized < float_bytes / 2
+    assert peak[0] <= quantized + largest, (peak[0], quantized, largest, float_bytes)

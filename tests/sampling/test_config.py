@@ -43,7 +43,7 @@ def test_sampler_config_from_config_and_validation():
   cfg = sampler_of(config)
   released = SamplerConfig()
   declared = [f.name for f, _ in settings_fields.declared(SamplerSettings)]
-  assert len(declared) == 24  # every sampler key: one declaration, the config's default and the class's
+  assert len(declared) == 25  # every sampler key: one declaration, the config's default and the class's
   for name in declared + ["canvas_len", "pad_id", "mask_id", "loo_logits"]:
     assert getattr(cfg, name) == getattr(released, name), name
   assert cfg.end_ids == (1,)                       # trained SentencePiece: no <turn|> piece

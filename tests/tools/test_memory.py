@@ -153,7 +153,12 @@ from tests.tools.test_memory import _qlora_tiny
 settings = _qlora_tiny()
 table = memory.fits(settings, 32, ("h100", "v5e"))
 print(memory.fits_report(settings, 32, table))
-print(json.dumps(table))
+import jax, jax.numpy as jnp
+rep = jax.sharding.NamedSharding(memory.one_device_mesh(targets.device("v5e")), jax.sharding.PartitionSpec())
+x = jax.ShapeDtypeStruct((5632 * 512, 1024), jnp.bfloat16, sharding=rep)  # 5.5 GiB
+refused = memory.compiled_memory(jax.jit(lambda x: (x * 2, x * 3)).lower(x), arguments=x.size * 2)
+auto = memory.compiled_sample_memory(settings, 32, targets.device("v5e"), weight_layouts="auto")
+print(json.dumps(dict(table=table, refused=refused, auto=auto)))
 """
 
 
@@ -175,7 +180,7 @@ def test_the_train_step_and_generate_compile_for_a_gpu_and_a_tpu_without_them():
                        timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]
   lines = out.stdout.strip().splitlines()
-  table = json.loads(lines[-1])
+  table, refused, auto = json.loads(lines[-1]).values()
   plans = {name: dict(t["train"], device=t["device"], sample=t["sample"]) for name, t in table.items()}
   # the --fits table: both plans fit both cards (a tiny model), one line per target
   assert all(t["train_fits"] and t["sample_fits"] for t in table.values())
@@ -193,8 +198,16 @@ def test_the_train_step_and_generate_compile_for_a_gpu_and_a_tpu_without_them():
   assert gpu["weights"] == tpu["weights"] < plans["h100"]["base_quantized"] + plans["h100"]["frozen_float"] + \
       plans["h100"]["trainable"]  # the QLoRA state also holds the trained self-conditioning module's float copy
   assert gpu["arguments"] == gpu["weights"] + 32 * 4 + 4 and tpu["arguments"] >= gpu["arguments"]
-  for plan in (gpu, tpu):
+  for plan in (gpu, tpu, auto):
     assert plan["refused"] == 0 and plan["outputs"] > 0 and plan["peak"] >= plan["arguments"] + plan["temporaries"]
+  assert auto["weights"] == tpu["weights"] and auto["arguments"] >= gpu["arguments"]  # the weights laid out by libtpu
+  # A program the TPU compiler refuses: a 5.5 GiB argument and two 5.5 GiB outputs on a 16 GB v5e. The message's
+  # figure is all it needs (16.50G, arguments and outputs included), so it is the plan's peak, not the temporaries
+  # to add to the arguments (to the message's two decimals: 0.005 GiB)
+  gib = 2**30
+  assert refused["refused"] == 1 and refused["arguments"] == 5.5 * gib and refused["available"] < 16 * gib
+  assert abs(refused["peak"] - 3 * 5.5 * gib) <= 0.005 * gib, refused
+  assert abs(refused["temporaries"] - 2 * 5.5 * gib) <= 0.005 * gib, refused
 
 
 @pytest.mark.slow  # a subprocess that compiles a train step for a GPU
