@@ -419,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> None:
              batch_size=args.batch_size, limit=args.limit, step=args.step, candidates=args.candidates,
              retry=args.retry, hold_givens=hold_givens)
   except cli.USER_ERRORS + (ValueError,) as e:
-    sys.exit(f"eval.sudoku: {e}")
+    sys.exit(f"proj.sudoku.eval: {e}")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ def test_a_chunked_prompt_encode_writes_the_whole_prompts_cache(shift):
         assert logits is None and whole_logits is None
 
 
+@pytest.mark.slow  # three generate programs compiled (about 10 s on 2 cores): over the fast tier's budget
 def test_generate_with_a_chunked_prompt_gives_the_same_tokens():
   """float64 (round-off ~1e-14 cannot flip a sampled token): the same tokens with the prompt in chunks of 16 and 7."""
   with float64():
