@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import itertools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -17,7 +18,8 @@ from dgemma import api, quant
 from dgemma import settings as settings_lib
 from dgemma.checkpoints import params as params_ckpt
 from dgemma.errors import ConfigError
-from dgemma.model import ModelConfig, Transformer, param_shapes
+from dgemma.model import ModelConfig, Transformer, param_shapes, sharding
+from dgemma.model.transformer import boxed_param_shapes
 from dgemma.model import lora as lora_lib
 from dgemma.model.lora import LoraConfig
 from dgemma.sampling import SamplerConfig, generate
@@ -144,6 +146,13 @@ def test_chain_quantizes_each_weight_by_the_first_that_plans_it():
     assert jax.tree.map(lambda a: (a.shape, a.dtype), one) == jax.tree.map(
         lambda a: (a.shape, a.dtype), flat[jax.tree_util.keystr(path)]), names
     assert (both.plan(names, shape.shape) is None) == (not quant.is_quantized(one))
+  # the boxed tree a reader places against (the second quantizer meets the first's boxed QArrays): unboxed, the
+  # same quantized tree as the per-tensor path, and every array of a quantized weight keeps its logical axes
+  boxed = both.boxed(boxed_param_shapes(TINY))
+  assert jax.tree.structure(sharding.unbox(boxed)) == jax.tree.structure(tree)
+  assert [(a.shape, a.dtype) for a in jax.tree.leaves(sharding.unbox(boxed))] == [
+      (a.shape, a.dtype) for a in jax.tree.leaves(tree)]
+  assert all(isinstance(b, nn.Partitioned) for b in jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned)))
 
 
 def _smooth_params():

@@ -206,15 +206,18 @@ def load_as(source: Source, model: ModelConfig, *, placement: Optional[Placement
   # merged into, relaid and re-quantized like any float checkpoint. `quantizer` is applied while reading only then
   # (a weight to merge into or relay is read in float and quantized once, below).
   keep_quantized = transfer != "merge" and described.model.block_period == model.block_period
+  wanted = _flat(placement.abstract(model, quantizer))
+  # A reader quantizes on the default device; where the placement shards a weight (fsdp, tensor, expert axes) that
+  # would gather the whole quantized model on one device, so each weight is then quantized on its shards below.
+  replicated = all(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(wanted))
   loaded = load(described, placement=placement, dtype=model.param_dtype,
-                quantizer=quantizer if keep_quantized else None)
+                quantizer=quantizer if keep_quantized and replicated else None)
   flat = {k: v if keep_quantized else quant.dequantize(v) for k, v in _flat(loaded.params).items()}
   loaded = dataclasses.replace(loaded, params=None)  # each read weight is let go once placed (below)
   if transfer == "merge":
     flat = merge_adapters(flat, described.model.lora.scale)
   if described.model.block_period != model.block_period:
     flat = _flat(layout.relayout(flax.traverse_util.unflatten_dict(flat), described.model, model))
-  wanted = _flat(placement.abstract(model, quantizer))
   if leaves is not None:
     flat.update(leaves([key for key in wanted if key not in flat]))
   missing = [key for key in wanted if key not in flat]

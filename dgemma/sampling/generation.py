@@ -129,8 +129,9 @@ def check_request(cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_to
       raise ConfigError(f"prompt: {batch} row(s) of a {prompt_len}-token prompt + {k} canvas(es) of {c} need about "
                         f"{sum(need.values()) / 2**30:.1f} GiB ({parts}), more than the {free / 2**30:.1f} GiB of free "
                         "memory; shorten the prompt, generate fewer rows at once or lower sample.max_new_tokens"
-                        + ("" if "prompt_attention_scores" not in need or (cfg.prompt_chunk and cfg.prompt_chunk <= 1024)
-                           else ", or encode the prompt in chunks (sample.prompt_chunk=1024)"))
+                        + (", or encode the prompt in chunks (sample.prompt_chunk=1024)"
+                           if "prompt_attention_scores" in need and prompt_len > 1024
+                           and not 0 < cfg.prompt_chunk <= 1024 else ""))
 
 
 def request_bytes(model_cfg, cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_tokens: int) -> dict:
@@ -206,19 +207,21 @@ def _model_cfg(model):
 
 
 def prompt_chunks(prompt_len: int, chunk: int) -> tuple[int, int]:
-  """(first, n): the prompt is encoded as a first chunk of `first` tokens, then n chunks of `chunk` (sample.prompt_chunk;
-  0 or a chunk >= the prompt: the whole prompt, (prompt_len, 0))."""
+  """(first, n): the prompt is encoded as a first chunk of `first` tokens (the remainder; 0 when `chunk` divides the
+  prompt), then n chunks of `chunk` (sample.prompt_chunk; 0 or a chunk >= the prompt: the whole prompt at once,
+  (prompt_len, 0))."""
   if not chunk or chunk >= prompt_len:
     return prompt_len, 0
-  first = prompt_len % chunk or chunk
+  first = prompt_len % chunk
   return first, (prompt_len - first) // chunk
 
 
-def encode_prompt(apply, prompt_BP, pos_BP, seg_BP, cache, *, chunk: int, shift: bool):
+def encode_prompt(apply, prompt_BP, pos_BP, seg_BP, cache, *, chunk: int, shift: bool, vocab: int):
   """The prompt written into `cache` by causal encode passes, a chunk of tokens at a time (`prompt_chunks`): each
   chunk is appended at the next slots and attends to the slots before it, so every token reads what the whole prompt's
   pass would give it, while one chunk's activations and attention scores are live, not the prompt's. Returns the
-  cache and, with `shift` (model.decoder_shift), the fp32 logits at each row's last valid token."""
+  cache and, with `shift` (model.decoder_shift), the fp32 logits at each row's last valid token (`vocab` wide; a
+  row's first token is valid, so the first chunk sets every row's)."""
   first, n = prompt_chunks(prompt_BP.shape[1], chunk)
 
   def one(carry, xs):
@@ -231,8 +234,10 @@ def encode_prompt(apply, prompt_BP, pos_BP, seg_BP, cache, *, chunk: int, shift:
     return (cache, prev_BV), None
 
   batch = prompt_BP.shape[0]
-  head = lambda x: x[:, :first]
-  (cache, prev_BV), _ = one((cache, None), (head(prompt_BP), head(pos_BP), head(seg_BP)))
+  prev_BV = jnp.zeros((batch, vocab), jnp.float32) if shift else None
+  if first:  # the remainder first, then whole chunks in one scanned program (the encode traced once when it divides)
+    head = lambda x: x[:, :first]
+    (cache, prev_BV), _ = one((cache, prev_BV), (head(prompt_BP), head(pos_BP), head(seg_BP)))
   if n:
     rest = lambda x: jnp.moveaxis(x[:, first:].reshape(batch, n, chunk), 1, 0)  # [n, B, chunk]
     (cache, prev_BV), _ = jax.lax.scan(one, (cache, prev_BV), (rest(prompt_BP), rest(pos_BP), rest(seg_BP)))
@@ -266,7 +271,7 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
   shift = bool(getattr(mcfg, "decoder_shift", False))
   # model.decoder_shift: the first canvas position is scored by the logits at the token before it
   cache, prev_logits_BV = encode_prompt(apply, prompt_BP.astype(jnp.int32), prompt_pos_BP, prompt_seg_BP, cache,
-                                        chunk=cfg.prompt_chunk, shift=shift)
+                                        chunk=cfg.prompt_chunk, shift=shift, vocab=vocab)
 
   # infilling targets, padded to whole canvases (an all-False mask when not infilling: one program)
   pad = M - max_new_tokens

@@ -484,6 +484,8 @@ def main(argv):
     config.data.batch_size = _FLAGS["train_batch"].value
   if _FLAGS["seq_len"].value:
     config.data.seq_len = _FLAGS["seq_len"].value
+  if _FLAGS["weight_layouts"].value != "default" and not _FLAGS["sample"].value:
+    raise ConfigError("--weight_layouts: plans the generate program only; give it with --sample")
   if _FLAGS["train"].value or _FLAGS["sample"].value or _FLAGS["fits"].value:
     target = "" if _FLAGS["fits"].value else _FLAGS["target"].value
     targets.use_plugins(target)  # before jax's backends start (the settings' checks start them); "": both plugins

@@ -125,17 +125,14 @@ def flax_flat(tree):
 
 
 
-def _live_device_bytes() -> int:
-  return sum(x.nbytes for x in jax.live_arrays())
-
-
 @pytest.mark.parametrize("kind", ["hf", "params", "workdir"])
 def test_quantized_load_streams_the_same_bits(run, tmp_path, monkeypatch, kind):
   """dgemma.load(path, quantize=...) quantizes each weight as it is read (sample.quantize, one tensor at a time):
   the same bits as quantizing the float model loaded whole (what load did before), while the device never holds the
-  float model. The device's peak is taken after each weight is placed (`reader.put`), less what was live before; a
-  read that placed the float tree first would hold all of it at its last placement. Bound: the quantized model
-  (with the leaves it keeps float) plus its largest float weight (the one being quantized)."""
+  float model. The device's bytes are taken after each weight is quantized (`quant.quantize_array`) and after each
+  is placed (`reader.put`), less what was live before; a read that put the float tree on the device first would
+  hold all of it at those points. Bound: the quantized model (with the leaves it keeps float) plus its largest float
+  weight (the one being quantized)."""
   wd, config = run
   path = wd if kind == "workdir" else tmp_path / kind
   if kind == "params":
@@ -149,13 +146,18 @@ def test_quantized_load_streams_the_same_bits(run, tmp_path, monkeypatch, kind):
   float_bytes = sum(x.nbytes for x in jax.tree.leaves(float_params))
   largest = max(x.nbytes for x in jax.tree.leaves(float_params))
 
-  before, peak, put = _live_device_bytes(), [0], reader.put
-  def spy(value, target):
-    out = put(value, target)
-    peak[0] = max(peak[0], _live_device_bytes() - before)
-    return out
-  monkeypatch.setattr(reader, "put", spy)
+  before, peak = {id(x) for x in jax.live_arrays()}, [0]
+
+  def spied(fn):  # the bytes of the device arrays made since, after each weight is quantized and each is placed
+    def call(*args, **kwargs):
+      out = fn(*args, **kwargs)
+      peak[0] = max(peak[0], sum(x.nbytes for x in jax.live_arrays() if id(x) not in before))
+      return out
+    return call
+  monkeypatch.setattr(reader, "put", spied(reader.put))
+  monkeypatch.setattr(quant, "quantize_array", spied(quant.quantize_array))
   got = dgemma.load(str(path), quantize="int4_experts", config=config)
+  monkeypatch.undo()
   want = quant.quantize_params(float_params, got.settings.sample.quant)
   assert jax.tree.structure(want) == jax.tree.structure(got.params)
   for (key, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got.params)):
