@@ -266,3 +266,23 @@ def test_a_base_read_for_qlora_is_quantized_as_it_streams_to_the_same_bits(kind,
   for k, v in flat_s.items():
     if quant.is_quantized(v):
       np.testing.assert_array_equal(np.asarray(flat_l[k].qvalue, np.float32), np.asarray(v.qvalue, np.float32))
+
+
+@pytest.mark.slow  # a two-step run (one compiled step): about 10 s on 2 cores
+def test_an_all_int4_base_with_int4_weights_outside_the_stacked_layers_trains(tiny_config, tmp_path):
+  """finetune.base_quant='int4' holds the weights outside the stacked layers (the embedding; decoder-head layers) as
+  plain int4 arrays, not packed bytes. A train step compiled with laid-out arguments asks, on CPU, for int4 packed two
+  to a byte, which no CPU array is, and refuses the first step ('compiled for input layouts that disagree'): on CPU
+  such a base keeps the default layouts (state_lib.step_shardings), and the run trains."""
+  config = _config(mode="head_only", base_quant="int4", config=tiny_config)
+  config.model.decoder_head_layers = 1
+  config.train.update(num_steps=2, eval_every=2, ckpt_every=100, log_every=1, eval_batches=1, progress_bar=False,
+                      async_checkpointing=False)
+  config.opt.warmup_steps = 1
+  settings = settings_lib.from_config(config)
+  assert not loop.run_programs(settings, mesh_lib.make_mesh(settings.mesh.axis_sizes)).laid_out
+  state = loop.train_and_evaluate(config, str(tmp_path / "wd"))
+  plain_int4 = [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)
+                if leaf.dtype == jnp.int4]
+  assert any("decoder_head_0" in k for k in plain_int4) and int(state.step) == 2
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.opt_state))

@@ -170,7 +170,7 @@ def _make_programs(settings, mesh) -> RunPrograms:
                                          opt_state=state_shardings.opt_state)
   schedule = optimizer_lib.make_schedule(settings.opt, settings.train.num_steps)
   data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
-  step_shardings = state_lib.step_shardings(settings, state_shardings)
+  step_shardings = state_lib.step_shardings(settings, state_shardings, abstract_state)
   train_step = jax.jit(step_lib.make_train_step(settings.model, settings.diffusion, optimizer, schedule,
                                                 grad_accum_steps=settings.opt.grad_accum_steps,
                                                 finetune_cfg=settings.finetune,

@@ -93,15 +93,21 @@ def run_abstract_state(settings, mesh: Mesh) -> tuple[Any, Callable, Any, Any]:
   return optimizer, init_fn, abstract, shardings
 
 
-def step_shardings(settings, shardings: Any) -> Any:
+def step_shardings(settings, shardings: Any, abstract: Any) -> Any:
   """The state shardings the train step is compiled for: `shardings`, except that a QLoRA run's frozen base
   (finetune.base_quant; not in a distillation or reinforcement-learning run, whose extra params share it) is laid
   out in memory as the step's compiler picks (`Layout.AUTO`). A TPU's compiler otherwise copies every stacked packed
   int4 expert weight into its own tiled layout before the layer loop, about 5 GiB a block of the released model;
   held in that layout from the start (dgemma.train.loop places the state in the compiled step's input formats), the
-  frozen weights are read as they are. docs/finetuning.md."""
+  frozen weights are read as they are. docs/finetuning.md. Not on CPU when the base holds plain int4 arrays
+  (`abstract`'s dtypes: an all-int4 base's weights outside the stacked layers, e.g. the embedding or decoder-head
+  layers): a program compiled with laid-out arguments there asks for int4 packed two to a byte, a layout no CPU array
+  has, and CPU's compiler picks the default layouts anyway."""
   if (finetune_lib.base_quantizer(settings.finetune) is None or distill_lib.enabled(settings.distill)
       or settings.rl.enabled):
+    return shardings
+  on_cpu = jax.tree.leaves(shardings.params)[0].mesh.devices.flat[0].platform == "cpu"
+  if on_cpu and any(jnp.dtype(leaf.dtype) == jnp.dtype(jnp.int4) for leaf in jax.tree.leaves(abstract.params)):
     return shardings
   labels = finetune_lib.param_labels(shardings.params, settings.finetune)
   params = jax.tree.map(lambda sharding, label: sharding if label == finetune_lib.TRAINABLE else
