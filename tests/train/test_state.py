@@ -49,12 +49,13 @@ def test_abstract_state_equals_the_shapes_init_fn_makes(optimizer_name, finetune
 
 @pytest.mark.parametrize("mode, base_quant, rl", [("head_only", "int4_experts", False), ("lora", "int8", False),
                                                    ("lora", "none", False), ("full", "none", False),
-                                                   ("lora", "int4_experts", True)])
+                                                   ("lora", "int4_experts", True), ("head_only", "int4", False)])
 def test_the_train_step_lays_out_only_a_qlora_runs_frozen_base(mode, base_quant, rl):
   """step_shardings: in a QLoRA run (finetune.base_quant set) every frozen leaf, quantized or not, is left to the
   step's compiler to lay out (Layout.AUTO on its own sharding) and every trained leaf and the optimizer state keep
   their shardings; any other run (no quantized base, or an RL run, whose reference copies trained leaves) gets
-  its shardings back unchanged, the same object."""
+  its shardings back unchanged, the same object; so does, on CPU, an all-int4 base with plain int4 leaves (the
+  embedding: packed bytes are only the stacked layers'), which no CPU array can be put in a laid-out format for."""
   from jax.experimental.layout import Format, Layout
   config = tiny_test.get_config()
   config.finetune.mode, config.finetune.base_quant, config.finetune.base_quant_group_size = mode, base_quant, 16
@@ -62,9 +63,11 @@ def test_the_train_step_lays_out_only_a_qlora_runs_frozen_base(mode, base_quant,
   if rl:
     config.rl.algorithm, config.rl.reward = "grpo", "exact_match"
   settings = settings_lib.from_config(config)
-  _, _, _, shardings = state_lib.run_abstract_state(settings, mesh_lib.make_mesh(settings.mesh.axis_sizes))
-  laid_out = state_lib.step_shardings(settings, shardings)
-  if base_quant == "none" or rl:
+  _, _, abstract, shardings = state_lib.run_abstract_state(settings, mesh_lib.make_mesh(settings.mesh.axis_sizes))
+  laid_out = state_lib.step_shardings(settings, shardings, abstract)
+  if base_quant == "int4":
+    assert any(x.dtype == jnp.int4 for x in jax.tree.leaves(abstract.params)) and jax.default_backend() == "cpu"
+  if base_quant in ("none", "int4") or rl:
     assert laid_out is shardings
     return
   assert laid_out.opt_state is shardings.opt_state and laid_out.step is shardings.step
