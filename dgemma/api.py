@@ -46,6 +46,7 @@ from dgemma.diffusion import likelihood, objectives
 from dgemma.errors import ConfigError, DataError
 from dgemma.model import Transformer
 from dgemma.sampling import LivePrinter, StepView, ar_generate, check_request, generate, trajectory_steps
+from dgemma.sampling import generation
 from dgemma.sampling.generation import bucketed_shape
 
 # Groups a caller's config may set on top of a training run's saved config (evaluation only).
@@ -127,7 +128,8 @@ def run_config(header: checkpoints.Checkpoint, config: Optional[ml_collections.C
 
   A run, and a checkpoint that carries a run's settings (its adapter, a conversion or HF export of it): the
   run's config, with `sample`, `eval`, `seed` and `mesh` taken from `config` when given. Any other kind:
-  `config` (default: every default) with the checkpoint's architecture, the tokenizer file found beside the
+  `config` (default: every default) with the checkpoint's architecture (its compute choices, COMPUTE_MODEL_FIELDS
+  such as model.moe_impl, `config`'s), the tokenizer file found beside the
   weights, and (without `config`) the HF config's canvas length and generation_config.json's sampler settings;
   a Gemma 4 AR directory is an 'ar' model."""
   if header.config_json is not None:
@@ -138,7 +140,10 @@ def run_config(header: checkpoints.Checkpoint, config: Optional[ml_collections.C
         run[group] = _copy(source[group]) if isinstance(source[group], ml_collections.ConfigDict) else source[group]
     return run
   run = _copy(config) if config is not None else settings_lib.default_config()
-  run.model = ml_collections.ConfigDict(header.model.to_dict())
+  model = header.model.to_dict()
+  if config is not None:  # how the forward pass is computed (moe_impl, ...) is the caller's to choose
+    model.update({name: config.model[name] for name in settings_lib.COMPUTE_MODEL_FIELDS if name in config.model})
+  run.model = ml_collections.ConfigDict(model)
   if header.tokenizer_file is not None:
     run.data.tokenizer.kind, run.data.tokenizer.path = "file", str(header.tokenizer_file)
   elif config is None:
@@ -212,7 +217,26 @@ def load_with(header: checkpoints.Checkpoint, settings: settings_lib.Settings, *
   placement = checkpoints.Placement(jax_mesh, settings.mesh.axis_rules)
   quantizer = quant.chain(finetune_lib.base_quantizer(settings.finetune), quant.Quantizer(settings.sample.quant))
   ckpt = checkpoints.load_as(source, settings.model, placement=placement, quantizer=quantizer)
+  if settings.sample.weight_layouts == "auto" and not settings.objective.autoregressive:
+    # moved, one weight at a time, into the layouts the generate program picks (`compiled_weight_formats`); every
+    # later program reads them as they are. `leaves` holds the only references: each is let go as it moves.
+    formats = jax.tree.leaves(compiled_weight_formats(ckpt.params, settings, jax_mesh))
+    leaves, treedef = jax.tree.flatten(ckpt.params)
+    ckpt = dataclasses.replace(ckpt, params=None)
+    generation.lay_out(leaves, formats)
+    ckpt = dataclasses.replace(ckpt, params=jax.tree.unflatten(treedef, leaves))
   return Model(ckpt, settings, jax_mesh, tokenizer=tokenizer)
+
+
+def compiled_weight_formats(params, settings: settings_lib.Settings, mesh):
+  """The memory layouts the generate program picks for `params` (arrays or placed jax.ShapeDtypeStructs), compiled
+  for a one-row request of the settings' max_new_tokens in the smallest prompt bucket
+  (`generation.compiled_weight_formats`): where dgemma.load puts the weights with sample.weight_layouts='auto'."""
+  _, prompt_len = bucketed_shape(batch=1, prompt_len=1, max_new_tokens=settings.sample.max_new_tokens,
+                                 canvas_len=settings.diffusion.canvas_len, max_context=settings.sample.max_context)
+  with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):
+    return generation.compiled_weight_formats(Transformer(settings.model), params, settings.canvas_sampler,
+                                              max_new_tokens=settings.sample.max_new_tokens, prompt_len=prompt_len)
 
 
 class Model:

@@ -238,6 +238,22 @@ def test_load_options_dtype_and_quantize(hf_dirs):
     dgemma.load(str(sp_dir), quantize="int3")
 
 
+def test_weights_without_a_run_take_the_callers_compute_choices(hf_dirs):
+  """An HF directory carries the architecture, not how to compute it: a config's model.moe_impl / moe_dense_block /
+  attention_impl / remat are used (and its architecture keys are not); without a config, the defaults."""
+  sp_dir, _ = hf_dirs
+  header = checkpoints.header(str(sp_dir))
+  config = settings_lib.default_config()
+  config.model.moe_impl, config.model.moe_dense_block, config.model.remat = "dense", 2, "full"
+  config.model.num_layers = header.model.num_layers + 1
+  chosen = api.run_settings(header, config).model
+  assert (chosen.moe_impl, chosen.moe_dense_block, chosen.remat) == ("dense", 2, "full")
+  assert chosen.num_layers == header.model.num_layers and chosen.d_model == header.model.d_model
+  assert set(settings_lib.COMPUTE_MODEL_FIELDS) <= set(settings_lib.RUNTIME_MODEL_FIELDS)
+  default = api.run_settings(header).model
+  assert (default.moe_impl, default.moe_dense_block) == ("auto", 0)
+
+
 @pytest.mark.slow  # trains a SentencePiece tokenizer and a run
 def test_a_run_is_loaded_with_its_own_tokenizer_without_building_data(tmp_path, monkeypatch):
   """A SentencePiece run keeps its trained tokenizer in the workdir; loading it builds no dataset."""

@@ -66,6 +66,9 @@ class ModelConfig:
                                      lo=0)
   moe_impl: str = setting("auto", "the experts' implementation: 'auto' (per platform), 'ragged', 'dense', "
                           "'capacity', 'expert_parallel' or 'tokamax' (dgemma/model/moe.py)", choices=MOE_IMPLS)
+  moe_dense_block: int = setting(0, "moe_impl='dense': the experts this many at a time (a lax.scan over blocks: "
+                                 "one block's activations and dequantized weights at once, not every expert's; must "
+                                 "divide num_experts); 0 = all at once", lo=0)
   moe_capacity_factor: float = setting(1.5, "moe_impl='capacity': the smallest slab holds this x the mean load",
                                        lo=0.0, lo_open=True)
   attention_impl: str = setting("auto", "the encoder's attention: 'xla' (scores materialised), 'tokamax' (flash "
@@ -100,6 +103,8 @@ class ModelConfig:
     if self.num_experts:
       need(0 < self.experts_per_token <= self.num_experts, "experts_per_token",
            f"must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}")
+      need(self.num_experts % max(self.moe_dense_block, 1) == 0, "moe_dense_block",
+           f"must divide num_experts={self.num_experts}, got {self.moe_dense_block}")
       need(self.expert_hidden > 0, "expert_hidden", "must be positive")
     if self.decoder_two_stream:
       for name, ok in (("decoder_shift", self.decoder_shift), ("decoder_right_readout", not self.decoder_right_readout),

@@ -67,16 +67,45 @@ class Router(nn.Module):
 # Expert LoRA: `adapters` maps 'gate_proj' / 'up_proj' / 'down_proj' to a lora.LowRank with per-expert
 # factors A [E, in, r], B [E, r, out]; each adds s (x A_e) B_e to expert e's projection.
 
-def experts_dense(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype, adapters=None):
+def experts_dense(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype, adapters=None, block: int = 0):
   """Reference: all experts for all tokens, as three plain matmuls over the E*F expert units: gate / up
   x [T, D] @ [D, E*F]; the routing weights (dense [T, E], zero for unpicked experts) scale each expert's
   hidden units; down [T, E*F] @ [E*F, D] sums the experts. sum_e w_te (h_te @ W_e) = (w h) @ W stacked,
   so this is the per-expert combine, with 2-D matmuls whose gradients need no activation-sized
-  transposes on XLA CPU (docs/benchmarks.md, "Training")."""
-  E, D, F = gate_EDF.shape
-  T = x_TD.shape[0]
+  transposes on XLA CPU (docs/benchmarks.md, "Training").
+
+  block (model.moe_dense_block): the experts `block` at a time, a lax.scan over E / block blocks whose outputs are
+  summed in (at least) fp32: one block's [T, block, F] activations and, for quantized weights, one block's
+  dequantized weights at once instead of every expert's (the sum over experts is linear, so this is the same
+  product; only its rounding differs). 0 (or E): every expert at once."""
+  E = gate_EDF.shape[0]
   adapters = adapters or {}
   x_TD = x_TD.astype(dtype)
+  f32 = layers.at_least_f32(dtype)
+  comb_TE = jnp.sum(jax.nn.one_hot(index_Tk, E, dtype=f32) * weights_Tk[..., None], axis=1)
+  if not block or block >= E:
+    return _dense_experts(x_TD, gate_EDF, up_EDF, down_EFD, comb_TE, dtype, adapters).astype(dtype)
+  if E % block:
+    raise ValueError(f"model.moe_dense_block: {block} does not divide the {E} experts")
+  blocks = E // block
+  split = lambda w: jax.tree.map(lambda a: a.reshape(blocks, block, *a.shape[1:]), qarray.stored(w))
+  factors = {name: (split(lr.a), split(lr.b)) for name, lr in adapters.items()}
+  comb_NTb = comb_TE.reshape(-1, blocks, block).transpose(1, 0, 2)
+
+  def one(y_TD, xs):
+    gate, up, down, comb_Tb, ab = xs
+    ad = {name: lora_lib.LowRank(a, b, adapters[name].scale) for name, (a, b) in ab.items()}
+    return y_TD + _dense_experts(x_TD, gate, up, down, comb_Tb, dtype, ad).astype(f32), None
+
+  y_TD, _ = jax.lax.scan(one, jnp.zeros(x_TD.shape, f32),
+                         (split(gate_EDF), split(up_EDF), split(down_EFD), comb_NTb, factors))
+  return y_TD.astype(dtype)
+
+
+def _dense_experts(x_TD, gate_EDF, up_EDF, down_EFD, comb_TE, dtype, adapters):
+  """experts_dense's products for the experts of the weights given (all, or one block), weighted by comb_TE."""
+  E, D, F = gate_EDF.shape
+  T = x_TD.shape[0]
 
   def low_rank(name, eqn_a, eqn_b, h):
     lr = adapters[name]
@@ -93,13 +122,11 @@ def experts_dense(x_TD, gate_EDF, up_EDF, down_EFD, weights_Tk, index_Tk, dtype,
     g_TEF = g_TEF + low_rank("gate_proj", "td,edr->ter", "ter,erf->tef", x_TD)
   if "up_proj" in adapters:
     u_TEF = u_TEF + low_rank("up_proj", "td,edr->ter", "ter,erf->tef", x_TD)
-  f32 = layers.at_least_f32(dtype)
-  comb_TE = jnp.sum(jax.nn.one_hot(index_Tk, E, dtype=f32) * weights_Tk[..., None], axis=1)
   h_TEF = layers.gelu(g_TEF) * u_TEF * comb_TE[:, :, None].astype(dtype)
   y_TD = product(lambda h, w: h.reshape(T, E * F) @ w.reshape(E * F, D), h_TEF, down_EFD)
   if "down_proj" in adapters:
     y_TD = y_TD + low_rank("down_proj", "tef,efr->ter", "ter,erd->td", h_TEF)
-  return y_TD.astype(dtype)
+  return y_TD
 
 
 def sort_by_expert(index_Tk, num_experts: int):
@@ -401,7 +428,7 @@ class Experts(nn.Module):
       gate, up, down = (qarray.unpack(w) if isinstance(w, qarray.PackedInt4) else w for w in (gate, up, down))
       return experts_tokamax(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, adapters or None)
     if impl == "dense":  # quantized weights dequantized inside its products (qarray.frozen_product)
-      return experts_dense(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, adapters or None)
+      return experts_dense(x_TD, gate, up, down, weights_Tk, index_Tk, dtype, adapters or None, cfg.moe_dense_block)
     gate, up, down = (qarray.dequantize(w, dtype) for w in (gate, up, down))
     if impl == "expert_parallel":
       if adapters:  # fold W_e + s A_e B_e per expert (a full-size copy of the expert weights)

@@ -69,7 +69,7 @@ def pack(q: QArray, axis: int) -> PackedInt4:
   return PackedInt4(packed=jnp.moveaxis(lo | (hi << 4), -1, axis), scale=q.scale, axis=axis)
 
 
-def _stored(w: Any) -> Any:
+def stored(w: Any) -> Any:
   """A weight without its `like` leaf (PackedInt4), as stored."""
   return dataclasses.replace(w, like=None) if isinstance(w, PackedInt4) and w.like is not None else w
 
@@ -117,7 +117,7 @@ def frozen_product(f, x: jax.Array, w: Any, dtype) -> jax.Array:
   in the backward (an optimization barrier ties it to each), so a compiler that schedules ahead (XLA's TPU
   compiler) cannot form every layer's dequantized weights at once. The gradient is f's own vjp in x: the
   same products as differentiating f(x, dequantize(w)) directly."""
-  return _frozen_product(f, dtype, x, _stored(w))
+  return _frozen_product(f, dtype, x, stored(w))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))

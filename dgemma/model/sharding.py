@@ -47,13 +47,15 @@ def current_axis_rules() -> tuple:
   return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in nn.get_logical_axis_rules())
 
 
-def jit_with_axis_rules(fn: Callable, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = ()):
+def jit_with_axis_rules(fn: Callable, *, static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = (),
+                        in_shardings: Any = None):
   """`jax.jit(fn)` whose compilation cache is keyed on flax's logical axis rules too.
 
   jax keys its cache on the arguments and the context mesh, but `constrain` and expert parallelism read
   the rules installed with `nn.logical_axis_rules` at trace time: a module-level jitted function first
   traced without rules would be reused, without any constraint, under rules on the same mesh. Here the
-  caller's rules become a static argument and are re-installed around the trace."""
+  caller's rules become a static argument and are re-installed around the trace. `in_shardings`: jax.jit's, over
+  fn's non-static positional arguments (None: unspecified)."""
   def with_rules(rules, *args, **kwargs):
     with nn.logical_axis_rules(rules):
       return fn(*args, **kwargs)
@@ -61,12 +63,14 @@ def jit_with_axis_rules(fn: Callable, *, static_argnums: Sequence[int] = (), sta
   # the jitted program keeps fn's name (compile logs, profiles); not functools.wraps: the signature differs
   with_rules.__name__, with_rules.__qualname__ = fn.__name__, fn.__qualname__
   jitted = jax.jit(with_rules, static_argnums=(0, *(i + 1 for i in static_argnums)),
-                   static_argnames=tuple(static_argnames))
+                   static_argnames=tuple(static_argnames),
+                   **({} if in_shardings is None else dict(in_shardings=in_shardings)))
 
   @functools.wraps(fn)
   def call(*args, **kwargs):
     return jitted(current_axis_rules(), *args, **kwargs)
   call.jitted = jitted  # its compiled programs: call.jitted._cache_size()
+  call.lower = lambda *args, **kwargs: jitted.lower(current_axis_rules(), *args, **kwargs)  # ahead of time
   return call
 
 

@@ -29,6 +29,7 @@ END_OF_TURN_ID = 106  # `<turn|>` in the Gemma 4 vocabulary only
 CONTEXT_LEN = 262_144  # DiffusionGemma's context in positions (reference doc, architecture table)
 
 SHOW_MODES = ("none", "live")
+WEIGHT_LAYOUTS = ("default", "auto")  # sample.weight_layouts
 SEMANTICS = ("hf", "official")  # whose sampler the released rules follow (docs/model.md, "Two references")
 BEGIN_OF_TOOL_RESPONSE_ID = 50  # an end token of the official sampler, Gemma 4 vocabulary only
 
@@ -124,6 +125,10 @@ class SampleSettings:
   quant_group_size: int = setting(64, "int4 group along the contracted axis (0 = per output channel); must divide "
                                   "it", lo=0)
   quantize_embedding: bool = setting(True, "also quantize the tied embedding / output table (per-row scales)")
+  weight_layouts: str = setting("default", "the weights' memory layouts on the device: 'default' | 'auto' (those the "
+                                "generate program picks, chosen at load by compiling it for one row: on a TPU its "
+                                "compiler otherwise copies every stacked int4 weight into another layout inside "
+                                "each program; docs/finetuning.md)", choices=WEIGHT_LAYOUTS)
   sampler_settings: SamplerSettings = group(SamplerSettings, "the sampler", flatten=True)
 
   def __post_init__(self):

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.experimental.layout import Format, Layout
 
 from dgemma import mesh as mesh_lib
 from dgemma.model import init_cache, sharding
@@ -354,6 +355,47 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
 
 
 _generate_jit = sharding.jit_with_axis_rules(_generate_impl, static_argnums=(0, 1, 2, 3))
+
+def lower(model, params, sampler_cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_tokens: int,
+          weight_formats: Any = None):
+  """The program `generate` compiles for a request of `batch` rows of `prompt_len` prompt tokens, lowered from
+  shapes (nothing runs): `params` may be arrays or jax.ShapeDtypeStructs on their shardings. weight_formats: a tree
+  like params of jax Formats the weights are held in (`compiled_weight_formats`), or of `Layout.AUTO` ones to leave
+  them to the compiler; None = the weights' own (the default layouts for shapes)."""
+  in_shardings = None if weight_formats is None else (weight_formats,) + (None,) * 7
+  program = (_generate_jit if in_shardings is None else
+             sharding.jit_with_axis_rules(_generate_impl, static_argnums=(0, 1, 2, 3), in_shardings=in_shardings))
+  shape = lambda *dims, dtype=jnp.int32: jax.ShapeDtypeStruct(dims, dtype)
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  return program.lower(model, sampler_cfg, int(max_new_tokens), "none", params, shape(batch, prompt_len),
+                       shape(batch), rng, shape(batch, max_new_tokens), shape(batch, max_new_tokens, dtype=bool),
+                       shape(batch, dtype=bool), shape())
+
+
+def compiled_weight_formats(model, params, sampler_cfg: SamplerConfig, *, max_new_tokens: int, batch: int = 1,
+                            prompt_len: int = MIN_PROMPT_BUCKET) -> Any:
+  """The memory layouts the generate program picks for the weights when they are left to the compiler
+  (`Layout.AUTO`), compiled for one request shape (`lower`; nothing runs): a tree like `params` (arrays or
+  jax.ShapeDtypeStructs on their shardings) of jax Formats. Weights held in them (`lay_out`) are read as they are
+  by every later program: jit compiles for the layouts of committed arrays, so the programs of other request shapes
+  (prompt buckets) and other uses (scoring) share them. On a TPU this keeps its compiler from copying every stacked
+  int4 weight into a tiled layout inside each program (sample.weight_layouts; docs/finetuning.md, "Sampling
+  plans")."""
+  auto = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+  compiled = lower(model, abstract, sampler_cfg, batch=batch, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                   weight_formats=auto).compile()
+  return compiled.input_formats[0][0]
+
+
+def lay_out(leaves: list, formats: list) -> None:
+  """Moves each array of `leaves` (a list, changed in place) into its jax Format, one at a time: where the list held
+  the only reference to a weight, its old buffer is let go as the next is copied, so the device holds the weights
+  and one more weight at most (a 26B model relaid on a 16 GB chip)."""
+  if len(leaves) != len(formats):
+    raise ValueError(f"lay_out: {len(leaves)} arrays, {len(formats)} formats")
+  for i, fmt in enumerate(formats):
+    leaves[i] = jax.device_put(leaves[i], fmt)
 
 
 def generate(model, params, prompt_tokens_BP, prompt_lengths_B, sampler_cfg: SamplerConfig, rng,

@@ -47,8 +47,8 @@ from dgemma.sampling.config import (BEGIN_OF_TOOL_RESPONSE_ID, END_OF_TURN_ID, E
                                     SamplerSettings)
 from dgemma.settings.groups import (DataSettings, DistillSettings, EvalSettings, FinetuneSettings, MeshSettings,
                                     MeshShape, OptimizerSettings, TokenizerSettings, TrainSettings)
-from dgemma.settings.resume import (RUNTIME_MODEL_FIELDS, architecture_differences, model_differences,
-                                    training_differences)
+from dgemma.settings.resume import (COMPUTE_MODEL_FIELDS, RUNTIME_MODEL_FIELDS, architecture_differences,
+                                    model_differences, training_differences)
 from dgemma.settings_fields import group, setting
 
 LIST_COMMAND = "python -m dgemma.settings lists every key with its default and doc"
@@ -377,7 +377,7 @@ def _merge(config: ml_collections.ConfigDict, values: dict) -> None:
 
 __all__ = ["Settings", "from_config", "default_config", "to_json", "from_json", "load_json", "set_key",
            "with_overrides", "tokenizer_end_ids", "run_model", "model_differences", "architecture_differences",
-           "training_differences", "RUNTIME_MODEL_FIELDS", "DataSettings", "TokenizerSettings",
+           "training_differences", "RUNTIME_MODEL_FIELDS", "COMPUTE_MODEL_FIELDS", "DataSettings", "TokenizerSettings",
            "OptimizerSettings", "TrainSettings", "DistillSettings", "FinetuneSettings", "SampleSettings",
            "SamplerSettings", "EvalSettings", "MeshSettings", "MeshShape", "RLSettings", "DiffusionSettings",
            "ModelConfig", "SamplerConfig"]

@@ -12,8 +12,11 @@ from dgemma import settings_fields
 
 # ModelConfig fields that may differ between a checkpoint and the run that reads it (compute choices, not
 # the shapes of the parameters).
-RUNTIME_MODEL_FIELDS = ("preset", "dtype", "param_dtype", "moe_impl", "moe_capacity_factor", "attention_impl", "remat",
-                        "router_aux_loss_weight", "router_z_loss_weight")
+# Of those, how the forward pass is computed (the same function, other kernels or memory): a checkpoint that carries
+# no run's settings (HF, params) takes them from the caller's config.
+COMPUTE_MODEL_FIELDS = ("moe_impl", "moe_dense_block", "moe_capacity_factor", "attention_impl", "remat")
+RUNTIME_MODEL_FIELDS = ("preset", "dtype", "param_dtype", *COMPUTE_MODEL_FIELDS, "router_aux_loss_weight",
+                        "router_z_loss_weight")
 
 # Keys besides the architecture whose change alters which parameters and optimizer states exist, or what the
 # token ids mean.

@@ -48,16 +48,16 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.layout import Format, Layout
 
-from dgemma import finetune, quant
+from dgemma import api, finetune, quant
 from dgemma import mesh as mesh_lib
 from dgemma import settings as settings_lib
 from dgemma.diffusion import diffusion_loss
 from dgemma.errors import ConfigError
 from dgemma.model import ModelConfig, Transformer, init_cache, param_shapes
 from dgemma.model.sharding import MESH_AXES
-from dgemma.sampling import SamplerConfig, as_noise, denoise_canvas, generate
+from dgemma.sampling import SamplerConfig, as_noise, denoise_canvas, generation
+from dgemma.sampling.config import WEIGHT_LAYOUTS
 from dgemma.tools import model_size, targets
 from dgemma.train import loop
 from dgemma.train import optimizer as optimizer_lib
@@ -264,14 +264,13 @@ def compiled_memory(lowered, arguments: int) -> dict[str, int]:
   return out
 
 
-def compiled_sample_memory(settings, prompt_len: int, device=None, weight_layouts: str = "default") -> dict[str, int]:
-  """XLA's buffer assignment for the real generate program (`dgemma.sampling.generate`: the prompt encode of
+def compiled_sample_memory(settings, prompt_len: int, device=None) -> dict[str, int]:
+  """XLA's buffer assignment for the real generate program (`dgemma.sampling.generation.lower`: the prompt encode of
   `prompt_len` tokens and one canvas of the config's sampler, batch 1, `sample.max_context` = prompt + canvas) on the
   weights as sample.quantize quantizes them, on one `device` (`compiled_train_memory`), compiled from abstract
-  shapes. Bytes as `compiled_memory`, with 'weights' (the quantized tree). `weight_layouts`: 'default' (the
-  weights in their default memory layouts, as dgemma.load holds them) or 'auto' (left to the compiler, as a QLoRA
-  train step holds its frozen base: what a sampler holding its weights in the layouts its program picks would
-  need; dgemma's sampler does not yet)."""
+  shapes. Bytes as `compiled_memory`, with 'weights' (the quantized tree). The weights in the memory layouts
+  sample.weight_layouts says, as dgemma.load holds them: 'default', or 'auto' (those the program compiled for a
+  one-row request in the smallest prompt bucket picks, `dgemma.api.compiled_weight_formats`)."""
   mesh = one_device_mesh(device)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   cfg, qcfg, canvas = settings.model, settings.sample.quant, settings.diffusion.canvas_len
@@ -279,31 +278,23 @@ def compiled_sample_memory(settings, prompt_len: int, device=None, weight_layout
   if qcfg.scheme != "none":
     shapes = jax.eval_shape(functools.partial(quant.quantize_params, qcfg=qcfg), shapes)
   shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
-  sampler = dataclasses.replace(settings.sampler_config, max_context=prompt_len + canvas)
-  model = Transformer(cfg)
-  if weight_layouts not in WEIGHT_LAYOUTS:
-    raise ConfigError(f"--weight_layouts: one of {WEIGHT_LAYOUTS}, got {weight_layouts!r}")
-  in_shardings = None
-  if weight_layouts == "auto":
-    auto = jax.tree.map(lambda s: Format(Layout.AUTO, s.sharding), shapes)
-    in_shardings = (auto, replicated, replicated)
-  program = jax.jit(lambda params, prompt_BP, lengths_B: generate(
-      model, params, prompt_BP, lengths_B, sampler, jax.random.key(0), canvas).tokens_BN, in_shardings=in_shardings)
-  prompt = jax.ShapeDtypeStruct((1, prompt_len), jnp.int32, sharding=replicated)
-  lengths = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=replicated)
-  lowered = program.lower(shapes, prompt, lengths)
+  settings = settings.replace(**{"sample.max_new_tokens": canvas, "sample.max_context": prompt_len + canvas})
+  formats = None
+  if settings.sample.weight_layouts == "auto":
+    formats = api.compiled_weight_formats(shapes, settings, mesh)
+  with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):
+    lowered = generation.lower(Transformer(cfg), shapes, settings.canvas_sampler, batch=1, prompt_len=prompt_len,
+                               max_new_tokens=canvas, weight_formats=formats)
   weights = quant.tree_bytes(shapes)
-  return dict(compiled_memory(lowered, arguments=weights + quant.tree_bytes((prompt, lengths))), weights=weights)
+  arguments = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(lowered.in_avals))
+  return dict(compiled_memory(lowered, arguments=arguments), weights=weights)
 
 
-WEIGHT_LAYOUTS = ("default", "auto")
-
-
-def sample_report(settings, prompt_len: int, target: str = "host", weight_layouts: str = "default") -> str:
+def sample_report(settings, prompt_len: int, target: str = "host") -> str:
   """The compiled generate program's memory plan (`compiled_sample_memory` on `targets.device(target)`), its last
   line `peak X GiB`."""
   device = targets.device(target)
-  m = compiled_sample_memory(settings, prompt_len, device, weight_layouts)
+  m = compiled_sample_memory(settings, prompt_len, device)
   cfg, qcfg = settings.model, settings.sample.quant
   fmt = lambda x: f"{x / GiB:8.3f} GiB"
   return "\n".join([
@@ -315,7 +306,8 @@ def sample_report(settings, prompt_len: int, target: str = "host", weight_layout
       + f", a {prompt_len}-token prompt"
       + (f" encoded {settings.sample.prompt_chunk} tokens at a time" if settings.sample.prompt_chunk else "")
       + f" and one {settings.diffusion.canvas_len}-token canvas, batch 1"
-      + ("; the weights' layouts left to the compiler" if weight_layouts == "auto" else ""),
+      + ("; the weights in the layouts the program picks (sample.weight_layouts='auto')"
+         if settings.sample.weight_layouts == "auto" else ""),
       f"  arguments        {fmt(m['arguments'])}   (the weights: {m['weights'] / GiB:.3f} GiB)",
       f"  outputs          {fmt(m['outputs'])}",
       f"  temporaries      {fmt(m['temporaries'])}   (KV cache, activations, the sampler's work)",
@@ -484,8 +476,6 @@ def main(argv):
     config.data.batch_size = _FLAGS["train_batch"].value
   if _FLAGS["seq_len"].value:
     config.data.seq_len = _FLAGS["seq_len"].value
-  if _FLAGS["weight_layouts"].value != "default" and not _FLAGS["sample"].value:
-    raise ConfigError("--weight_layouts: plans the generate program only; give it with --sample")
   if _FLAGS["train"].value or _FLAGS["sample"].value or _FLAGS["fits"].value:
     target = "" if _FLAGS["fits"].value else _FLAGS["target"].value
     targets.use_plugins(target)  # before jax's backends start (the settings' checks start them); "": both plugins
@@ -496,13 +486,14 @@ def main(argv):
       config.sample.quant_group_size = _FLAGS["group_size"].value
       if _FLAGS["prompt_chunk"].value >= 0:
         config.sample.prompt_chunk = _FLAGS["prompt_chunk"].value
+      if _FLAGS["weight_layouts"].value is not None:
+        config.sample.weight_layouts = _FLAGS["weight_layouts"].value
     if _FLAGS["fits"].value:
       settings = settings_lib.from_config(config)
       print(fits_report(settings, _FLAGS["context"].value,
                         fits(settings, _FLAGS["context"].value, longest=_FLAGS["longest_prompt"].value)))
     elif _FLAGS["sample"].value:
-      print(sample_report(settings_lib.from_config(config), _FLAGS["context"].value, target,
-                          _FLAGS["weight_layouts"].value))
+      print(sample_report(settings_lib.from_config(config), _FLAGS["context"].value, target))
     else:
       print(train_report(settings_lib.from_config(config), target))
     return
@@ -543,10 +534,9 @@ if __name__ == "__main__":
                                        "by bisection over compiled plans (a few more compiles per card)."),
       prompt_chunk=flags.DEFINE_integer("prompt_chunk", -1, "--sample / --fits: sample.prompt_chunk, the prompt "
                                         "encoded this many tokens at a time (0 = at once; -1 = the config's)"),
-      weight_layouts=flags.DEFINE_enum("weight_layouts", "default", list(WEIGHT_LAYOUTS), "--sample: the weights in "
-                                       "their default layouts (as dgemma.load holds them) or 'auto', left to the "
-                                       "compiler (what a sampler holding laid-out weights would need; not yet "
-                                       "dgemma's)."),
+      weight_layouts=flags.DEFINE_enum("weight_layouts", None, list(WEIGHT_LAYOUTS), "--sample / --fits: "
+                                       "sample.weight_layouts, the weights in their default memory layouts or "
+                                       "'auto', those the generate program picks (unset = the config's)."),
       target=flags.DEFINE_enum("target", "host", list(targets.TARGETS), "--train / --sample compile for: 'host' ("
                                "this machine's device) or an accelerator without one (dgemma/tools/targets.py; the "
                                "plugins make venv installs beside the environment)."),

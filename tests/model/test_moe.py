@@ -452,3 +452,50 @@ def test_int4_experts_preset():
   outs = {impl: jax.jit(lambda p, c=_cfg(moe_impl=impl): MoE(c).apply({"params": p}, x, xn, valid)[0])(qp["moe"])
           for impl in ("tokamax", "dense")}
   _close(outs["tokamax"], outs["dense"], "int4_experts tokamax vs dense")
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_dense_experts_in_blocks_equal_all_at_once(quantized):
+  """experts_dense with block=2 (model.moe_dense_block: a lax.scan over two blocks of E = 4 experts, their outputs
+  summed) == every expert at once, forward and the gradients of x, the routing weights and the expert LoRA factors;
+  with packed int4 weights (each block dequantized on its own), the frozen weights' gradient is zero. float64: the
+  same products, the sum over experts only regrouped, so they agree to float64 round-off: 1e-12 of the largest
+  value (~1e-15 per term over sums of a few dozen terms)."""
+  from dgemma.model import qarray
+  from dgemma.model.moe import experts_dense
+  (x, gate, up, down, w), idx, adapters = _expert_problem(lora_rank=2)
+  g = np.random.default_rng(3)
+
+  def weights(f64):
+    if not quantized:
+      return tuple(jnp.asarray(a, f64) for a in (gate, up, down))
+    # int4 values, scales in groups of 4 along the contracted axis, packed two to a byte along it
+    make = lambda shape, groups: qarray.pack(qarray.make(
+        jnp.asarray(g.integers(-8, 8, shape), jnp.int4),
+        jnp.asarray(g.uniform(0.01, 0.05, (shape[0], groups, shape[2])), f64)), -2)
+    return make(gate.shape, 4), make(up.shape, 4), make(down.shape, 3)
+
+  ct = np.random.default_rng(9).normal(size=x.shape)
+  with jax.enable_x64(True):
+    f64 = jnp.float64
+    gt, u, d = weights(f64)
+    ad = jax.tree.map(lambda a: jnp.asarray(a, f64), adapters)
+    x64, w64, ct64 = jnp.asarray(x, f64), jnp.asarray(w, f64), jnp.asarray(ct, f64)
+
+    def loss(block):
+      return lambda x, w, ad: jnp.sum(experts_dense(x, gt, u, d, w, idx, f64, ad, block) * ct64)
+
+    outs = {block: jax.tree.map(np.asarray, (experts_dense(x64, gt, u, d, w64, idx, f64, ad, block),
+                                             jax.jit(jax.grad(loss(block), argnums=(0, 1, 2)))(x64, w64, ad)))
+            for block in (0, 2)}
+    if quantized:
+      d_scale = jax.grad(lambda s: jnp.sum(experts_dense(
+          x64, dataclasses.replace(gt, scale=s), u, d, w64, idx, f64, ad, 2)))(gt.scale)
+      assert not np.asarray(d_scale).any()
+  for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[2])):
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-12 * float(np.abs(a).max()))
+  assert np.abs(outs[0][0]).max() > 0.1
+  with pytest.raises(ValueError, match="moe_dense_block"):
+    experts_dense(x, gate, up, down, w, idx, jnp.float32, None, 3)
+  with pytest.raises(Exception, match="model.moe_dense_block"):
+    _cfg(moe_dense_block=4)  # 6 experts

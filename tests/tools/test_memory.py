@@ -154,11 +154,24 @@ settings = _qlora_tiny()
 table = memory.fits(settings, 32, ("h100", "v5e"))
 print(memory.fits_report(settings, 32, table))
 import jax, jax.numpy as jnp
-rep = jax.sharding.NamedSharding(memory.one_device_mesh(targets.device("v5e")), jax.sharding.PartitionSpec())
+v5e = targets.device("v5e")
+mesh = memory.one_device_mesh(v5e)
+rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 x = jax.ShapeDtypeStruct((5632 * 512, 1024), jnp.bfloat16, sharding=rep)  # 5.5 GiB
 refused = memory.compiled_memory(jax.jit(lambda x: (x * 2, x * 3)).lower(x), arguments=x.size * 2)
-auto = memory.compiled_sample_memory(settings, 32, targets.device("v5e"), weight_layouts="auto")
-print(json.dumps(dict(table=table, refused=refused, auto=auto)))
+laid = settings.replace(**{"sample.weight_layouts": "auto"})
+auto = memory.compiled_sample_memory(laid, 32, v5e)
+# the layouts libtpu picks for the weights (dgemma.load with sample.weight_layouts='auto') against its default ones
+from dgemma import api
+from dgemma.sampling import generation
+from dgemma.model import Transformer
+shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), jax.eval_shape(
+    lambda p: quant.quantize_params(p, laid.sample.quant), memory.param_shapes(laid.model)))
+picked = jax.tree.leaves(api.compiled_weight_formats(shapes, laid, mesh))
+default = jax.tree.leaves(generation.lower(Transformer(laid.model), shapes, laid.canvas_sampler, batch=1, prompt_len=32,
+                                           max_new_tokens=16).compile().input_formats[0][0])
+moved = [str(s.shape) for s, a, b in zip(jax.tree.leaves(shapes), picked, default) if a.layout != b.layout]
+print(json.dumps(dict(table=table, refused=refused, auto=auto, moved=moved)))
 """
 
 
@@ -168,7 +181,9 @@ def test_the_train_step_and_generate_compile_for_a_gpu_and_a_tpu_without_them():
   plugin) and a TPU v5e (libtpu), neither present, as `--fits` tabulates them; the plugins are found beside the
   environment (`make venv` installs them in .venv/cuda-plugin and .venv/tpu-plugin). The GPU plans' arguments are
   exactly the state (its int4 experts packed at half a byte), the batch and the step's key, and the quantized weights
-  and the prompt; the TPU's are at least that (its layouts pad small arrays to whole tiles)."""
+  and the request; the TPU's are at least that (its layouts pad small arrays to whole tiles). With
+  sample.weight_layouts='auto' libtpu picks other layouts than its default ones for some weights (what dgemma.load
+  then holds them in), and the program on them is planned."""
   import json
   import subprocess
   import sys
@@ -180,7 +195,7 @@ def test_the_train_step_and_generate_compile_for_a_gpu_and_a_tpu_without_them():
                        timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]
   lines = out.stdout.strip().splitlines()
-  table, refused, auto = json.loads(lines[-1]).values()
+  table, refused, auto, moved = json.loads(lines[-1]).values()
   plans = {name: dict(t["train"], device=t["device"], sample=t["sample"]) for name, t in table.items()}
   # the --fits table: both plans fit both cards (a tiny model), one line per target
   assert all(t["train_fits"] and t["sample_fits"] for t in table.values())
@@ -193,14 +208,18 @@ def test_the_train_step_and_generate_compile_for_a_gpu_and_a_tpu_without_them():
   assert plans["h100"]["base_quantized"] == plans["v5e"]["base_quantized"] > 0
   for plan in plans.values():
     assert plan["refused"] == 0 and plan["temporaries"] > 0 and plan["peak"] >= plan["arguments"]
-  # generate: the weights as sample.quantize quantizes them (the packed experts' bytes), the prompt and its length
+  # generate: the weights as sample.quantize quantizes them (the packed experts' bytes) and the request
   gpu, tpu = plans["h100"]["sample"], plans["v5e"]["sample"]
   assert gpu["weights"] == tpu["weights"] < plans["h100"]["base_quantized"] + plans["h100"]["frozen_float"] + \
       plans["h100"]["trainable"]  # the QLoRA state also holds the trained self-conditioning module's float copy
-  assert gpu["arguments"] == gpu["weights"] + 32 * 4 + 4 and tpu["arguments"] >= gpu["arguments"]
+  # + the request as generate takes it: the prompt and its length, the key (uint32[2]), the infill tokens and mask of
+  # the 16-token response and the row's active flag
+  request = 32 * 4 + 4 + 8 + 16 * 4 + 16 + 1
+  assert gpu["arguments"] == gpu["weights"] + request and tpu["arguments"] >= gpu["arguments"]
   for plan in (gpu, tpu, auto):
     assert plan["refused"] == 0 and plan["outputs"] > 0 and plan["peak"] >= plan["arguments"] + plan["temporaries"]
   assert auto["weights"] == tpu["weights"] and auto["arguments"] >= gpu["arguments"]  # the weights laid out by libtpu
+  assert moved, "libtpu kept every weight in its default layout"  # it picks others for some: what 'auto' is for
   # A program the TPU compiler refuses: a 5.5 GiB argument and two 5.5 GiB outputs on a 16 GB v5e. The message's
   # figure is all it needs (16.50G, arguments and outputs included), so it is the plan's peak, not the temporaries
   # to add to the arguments (to the message's two decimals: 0.005 GiB)
