@@ -378,7 +378,12 @@ def fits_report(settings, prompt_len: int, table: dict[str, dict]) -> str:
            "nothing allocated",
            f"train: finetune.mode {ft.mode}, base_quant {ft.base_quant}, {settings.data.seq_len}-token rows, "
            f"{settings.data.batch_size // settings.opt.grad_accum_steps} per micro-batch; sample: sample.quantize "
-           f"{qcfg.scheme}, a {prompt_len}-token prompt and one {settings.diffusion.canvas_len}-token canvas",
+           f"{qcfg.scheme}, a {prompt_len}-token prompt"
+           + (f" encoded {settings.sample.prompt_chunk} tokens at a time" if settings.sample.prompt_chunk else "")
+           + f" and one {settings.diffusion.canvas_len}-token canvas"
+           + (f"; moe_impl {cfg.moe_impl}" + (f", the experts {cfg.moe_dense_block} at a time" if cfg.moe_dense_block
+                                                else ""))
+           + ("; the weights in the layouts the program picks" if settings.sample.weight_layouts == "auto" else ""),
            f"{'target':40s}{'memory':>10s}   {'train step':22s}{'sample':22s}"
            + ("longest prompt" if any("longest_prompt" in t for t in table.values()) else "")]
   for name, t in table.items():
