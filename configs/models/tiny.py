@@ -37,6 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
       decoder_two_stream=False,  # not in the released model; logits blind to their own token (dgemma/model/config.py)
       moe_impl="ragged",
       moe_capacity_factor=1.5,  # moe_impl="capacity" only
+      moe_dense_block=0,  # moe_impl="dense" only: every expert at once
       attention_impl="auto",
       scan_layers=True,
       remat="none",
