@@ -63,6 +63,7 @@ def test_sft_jsonl_runs(tmp_path):
   assert all(r["canvas_tokens"] == 2 * 8 for r in train_rows)  # one response canvas per row, all scored
 
 
+@pytest.mark.slow  # the fast tier's budget: a short run (~5 s)
 def test_likelihood_small_trains_on_a_text_file(tmp_path):
   from proj.markov.configs import likelihood_small
   from proj.markov import data as markov

@@ -1,6 +1,7 @@
 """bench/lm_eval_noise.py: its task (four-way questions from held-out lines) and its two noise modes, on the tiny run."""
 
 import numpy as np
+import pytest
 
 from bench import lm_eval_noise
 from eval.lm_eval import dgemma_lm
@@ -33,6 +34,7 @@ def test_common_noise_picks_are_the_model_classes_and_independent_noise_differs(
 
 
 
+@pytest.mark.slow  # the fast tier's budget: the benchmark's scoring programs (~6 s)
 def test_the_command_prints_its_tables(tiny_run, tmp_path, capsys):
   out = tmp_path / "noise.json"
   lm_eval_noise.main(["--checkpoint", str(tiny_run[0]), "--questions", "3", "--seeds", "2", "--samples", "2,1",

@@ -34,6 +34,7 @@ def _loss(params, batch, rng, loss_cfg, eval_metrics=False):
                                                           eval_metrics=eval_metrics))(params, batch, rng)
 
 
+@pytest.mark.slow  # the fast tier's budget: three loss programs (~7 s)
 def test_mixed_loss_equals_the_two_plain_losses():
   with float64():
     params = to_f64(random_params(CFG))

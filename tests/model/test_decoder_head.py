@@ -56,6 +56,7 @@ def _layer_alone(layer_params, x_TD, positions_T, allowed_TT):
   return out[0]
 
 
+@pytest.mark.slow  # the fast tier's budget: per-layer gradient probes (~9 s)
 def test_each_head_layer_reads_its_own_canvas_only_and_feeds_the_readout():
   with float64():
     params = to_f64(random_params(HEAD))

@@ -130,6 +130,7 @@ def test_adapter_tree_axes_and_config_errors():
       finetune.lora_config(group)
 
 
+@pytest.mark.slow  # the fast tier's budget (~5 s)
 def test_lora_starts_at_base_and_merged_weights_give_same_logits():
   # In float64 (tests/model_utils.py): each comparison is between different programs (B = 0 adapters
   # vs none; (x A) B vs x (A B)), whose fp32 round-off the random trunk amplifies to ~1e-4..1e-3,

@@ -71,6 +71,7 @@ def test_readout_count_is_checked():
     dataclasses.replace(CFG, decoder_right_readout=-1)
 
 
+@pytest.mark.slow  # the fast tier's budget: a few train steps (~4 s)
 def test_trains_from_zero_and_is_counted():
   cfg = dataclasses.replace(CFG, decoder_shift=True, decoder_right_readout=1)
   params = random_params(cfg)

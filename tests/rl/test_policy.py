@@ -107,6 +107,7 @@ def test_trajectory_log_prob_equals_float64_recomputation(sampled):
   assert sc is not None and sc.shape == (S, len(PROMPTS), C, model.cfg.vocab_size)
 
 
+@pytest.mark.slow  # the fast tier's budget: a float64 replay (~5 s)
 def test_replay_in_float64_is_the_reference(sampled):
   """The same comparison with `replay` itself run in float64: the two computations then agree to float64 round-off
   (tests/model_utils.py), so `replay`'s cache path, temperature schedule and self-conditioning chain are the

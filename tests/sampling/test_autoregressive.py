@@ -6,6 +6,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from configs.models import tiny
 from tests.model_utils import random_params
@@ -56,6 +57,7 @@ def test_greedy_matches_full_reencode():
   assert int(lengths[0]) == N
 
 
+@pytest.mark.slow  # the fast tier's budget (~4 s)
 def test_batch_matches_alone_and_end_ids():
   P = max(map(len, PROMPTS)) + 2  # extra right padding, filled with junk that must be ignored
   prompts = np.full((2, P), 77, np.int32)

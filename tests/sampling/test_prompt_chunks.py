@@ -21,6 +21,7 @@ def test_prompt_chunks_split_the_prompt():
   assert generation.prompt_chunks(40, 7) == (5, 5)
 
 
+@pytest.mark.slow  # the fast tier's budget: two cache-writing encodes and their references (~20 s)
 @pytest.mark.parametrize("shift", [False, True])
 def test_a_chunked_prompt_encode_writes_the_whole_prompts_cache(shift):
   """In float64: a chunk's queries read the slots the earlier chunks wrote plus their own, the keys the whole pass
