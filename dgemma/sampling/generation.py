@@ -356,6 +356,7 @@ def _generate_impl(model, cfg: SamplerConfig, max_new_tokens: int, trajectory: s
 
 _generate_jit = sharding.jit_with_axis_rules(_generate_impl, static_argnums=(0, 1, 2, 3))
 
+
 def lower(model, params, sampler_cfg: SamplerConfig, *, batch: int, prompt_len: int, max_new_tokens: int,
           weight_formats: Any = None):
   """The program `generate` compiles for a request of `batch` rows of `prompt_len` prompt tokens, lowered from
