@@ -251,17 +251,23 @@ def compiled_memory(lowered, arguments: int) -> dict[str, int]:
   try:
     stats = lowered.compile().memory_analysis()
   except jax.errors.JaxRuntimeError as e:
-    found = REFUSED.search(str(e))
-    if found is None:
-      raise
-    required, available = (int(float(x) * GiB) for x in found.groups())
-    return dict(arguments=arguments, outputs=0, aliased=0, temporaries=max(required - arguments, 0),
-                available=available, peak=required, refused=1)
+    return refused_plan(e, arguments)
   out = dict(arguments=int(stats.argument_size_in_bytes), outputs=int(stats.output_size_in_bytes),
              aliased=int(stats.alias_size_in_bytes), temporaries=int(stats.temp_size_in_bytes), refused=0)
   summed = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
   out["peak"] = max(summed, int(getattr(stats, "peak_memory_in_bytes", 0) or 0))
   return out
+
+
+def refused_plan(error: Exception, arguments: int) -> dict[str, int]:
+  """The plan of a program the compiler refused for want of memory (`compiled_memory`), from its message; any other
+  error is raised again."""
+  found = REFUSED.search(str(error))
+  if found is None:
+    raise error
+  required, available = (int(float(x) * GiB) for x in found.groups())
+  return dict(arguments=arguments, outputs=0, aliased=0, temporaries=max(required - arguments, 0),
+              available=available, peak=required, refused=1)
 
 
 def compiled_sample_memory(settings, prompt_len: int, device=None) -> dict[str, int]:
@@ -270,7 +276,8 @@ def compiled_sample_memory(settings, prompt_len: int, device=None) -> dict[str, 
   weights as sample.quantize quantizes them, on one `device` (`compiled_train_memory`), compiled from abstract
   shapes. Bytes as `compiled_memory`, with 'weights' (the quantized tree). The weights in the memory layouts
   sample.weight_layouts says, as dgemma.load holds them: 'default', or 'auto' (those the program compiled for a
-  one-row request in the smallest prompt bucket picks, `dgemma.api.compiled_weight_formats`)."""
+  one-row request in the smallest prompt bucket picks, `dgemma.api.compiled_weight_formats`; where the compiler
+  refuses that program, its figure is the plan's, refused: a lower bound of this one's)."""
   mesh = one_device_mesh(device)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   cfg, qcfg, canvas = settings.model, settings.sample.quant, settings.diffusion.canvas_len
@@ -279,13 +286,16 @@ def compiled_sample_memory(settings, prompt_len: int, device=None) -> dict[str, 
     shapes = jax.eval_shape(functools.partial(quant.quantize_params, qcfg=qcfg), shapes)
   shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
   settings = settings.replace(**{"sample.max_new_tokens": canvas, "sample.max_context": prompt_len + canvas})
+  weights = quant.tree_bytes(shapes)
   formats = None
   if settings.sample.weight_layouts == "auto":
-    formats = api.compiled_weight_formats(shapes, settings, mesh)
+    try:
+      formats = api.compiled_weight_formats(shapes, settings, mesh)
+    except jax.errors.JaxRuntimeError as e:  # the one-row program that picks them does not fit: nor does this one
+      return dict(refused_plan(e, weights), weights=weights)
   with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):
     lowered = generation.lower(Transformer(cfg), shapes, settings.canvas_sampler, batch=1, prompt_len=prompt_len,
                                max_new_tokens=canvas, weight_formats=formats)
-  weights = quant.tree_bytes(shapes)
   arguments = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(lowered.in_avals))
   return dict(compiled_memory(lowered, arguments=arguments), weights=weights)
 

@@ -142,6 +142,29 @@ def test_the_longest_prompt_is_the_last_one_whose_compiled_plan_fits():
   assert last[-2].endswith("longest prompt") and last[-1].split(" fits")[-1].strip() == "4,096 tokens"
 
 
+def test_a_refused_layout_choice_is_the_sample_plan(monkeypatch):
+  """With sample.weight_layouts='auto', the layouts come from a one-row program; where the compiler refuses even that
+  one (a model too big for the chip), the plan is refused with its figure (a lower bound of the longer prompt's),
+  not an error. Any other compile error is raised."""
+  import jax
+  from dgemma import api
+  settings = _qlora_tiny().replace(**{"sample.weight_layouts": "auto"})
+  refusal = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (16.32G) "
+             "exceeds available HBM (15.75G).")
+
+  def refuse(*args, **kwargs):
+    raise jax.errors.JaxRuntimeError(refusal)
+  monkeypatch.setattr(api, "compiled_weight_formats", refuse)
+  plan = memory.compiled_sample_memory(settings, 64)
+  gib = 2**30
+  assert plan["refused"] == 1 and plan["arguments"] == plan["weights"] > 0
+  assert abs(plan["peak"] - 16.32 * gib) < 1 and abs(plan["available"] - 15.75 * gib) < 1
+  monkeypatch.setattr(api, "compiled_weight_formats", lambda *a, **k: (_ for _ in ()).throw(
+      jax.errors.JaxRuntimeError("INTERNAL: something else")))
+  with pytest.raises(jax.errors.JaxRuntimeError, match="something else"):
+    memory.compiled_sample_memory(settings, 64)
+
+
 _ON_TARGETS = """
 import json, sys
 from dgemma.tools import targets
