@@ -107,7 +107,8 @@ def base_quantizer(finetune) -> Optional[quant.Quantizer]:
   if finetune is None or finetune.base_quant == "none":
     return None
   config = quant.QuantConfig(finetune.base_quant, finetune.base_quant_group_size, embedding=True,
-                             group_field="finetune.base_quant_group_size")
+                             group_field="finetune.base_quant_group_size",
+                             scale_dtype=finetune.base_quant_scale_dtype)
   return quant.Quantizer(config, frozen_base(finetune))
 
 

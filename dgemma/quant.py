@@ -74,6 +74,7 @@ class QuantConfig:
   group_size: int = 64
   embedding: bool = True
   group_field: str = dataclasses.field(default="sample.quant_group_size", compare=False)
+  scale_dtype: str = ""  # the scales' dtype; "" = the weight's (finetune.base_quant_scale_dtype)
 
   def __post_init__(self):
     if self.scheme not in SCHEMES or not (isinstance(self.group_size, int) and self.group_size >= 0):
@@ -122,12 +123,12 @@ def _num_groups(size: int, group_size: int, scheme: str, name: str, field: str =
   return size // group_size
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))
 def quantize_array(w: jax.Array, axes: tuple[int, ...], scheme: str, group_size: int = 0,
-                   name: str = "weight", packed: bool = False) -> QArray | PackedInt4:
+                   name: str = "weight", packed: bool = False, scale_dtype: str = "") -> QArray | PackedInt4:
   """Quantizes one weight over its contracted `axes` (negative); groups along the last of them; `packed` (int4
-  only): two values to a byte along that axis (`PackedInt4`). Jitted (one compile per shape and setting);
-  `name` only labels errors."""
+  only): two values to a byte along that axis (`PackedInt4`); the scales in `scale_dtype` ("" = w's dtype). Jitted
+  (one compile per shape and setting); `name` only labels errors."""
   ndim = w.ndim
   axes = tuple(sorted(a % ndim for a in axes))
   ax = axes[-1]
@@ -138,7 +139,7 @@ def quantize_array(w: jax.Array, axes: tuple[int, ...], scheme: str, group_size:
   red = tuple(a for a in axes if a != ax) + (ax + 1,)  # group axis ax+1 in the split layout
   amax = jnp.max(jnp.abs(w_g), axis=red, keepdims=True)
   # the stored (possibly bf16) scale is what q is computed against; all-zero groups get scale 1
-  scale = jnp.where(amax > 0, amax / qmax, 1.0).astype(w.dtype)
+  scale = jnp.where(amax > 0, amax / qmax, 1.0).astype(scale_dtype or w.dtype)
   q = jnp.clip(jnp.round(w_g / scale.astype(jnp.float32)), -qmax, qmax).astype(_QDTYPE[scheme]).reshape(w.shape)
   out = qarray.make(q, jnp.squeeze(scale, axis=ax + 1))
   return qarray.pack(out, ax - ndim) if packed else out
@@ -178,7 +179,7 @@ def quantize_leaf(names: tuple[str, ...], w: Any, qcfg: QuantConfig,
   itself when it stays unquantized."""
   plan = leaf_plan(names, np.shape(w), qcfg, only)
   return w if plan is None else quantize_array(w, plan.axes, plan.scheme, int(qcfg.group_size), "/".join(names),
-                                                plan.packed)
+                                                plan.packed, qcfg.scale_dtype)
 
 
 def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tuple[str, ...]], bool]] = None) -> Any:
@@ -205,7 +206,8 @@ def quantize_params(params: Any, qcfg: QuantConfig, only: Optional[Callable[[tup
     if names not in plans:
       return leaf
     plan = plans[names]
-    return quantize_array(leaf, plan.axes, plan.scheme, int(qcfg.group_size), "/".join(names), plan.packed)
+    return quantize_array(leaf, plan.axes, plan.scheme, int(qcfg.group_size), "/".join(names), plan.packed,
+                          qcfg.scale_dtype)
 
   return jax.tree_util.tree_map_with_path(convert, params, is_leaf=is_quantized)
 

@@ -135,6 +135,31 @@ def test_the_state_holds_the_base_quantized_once_and_no_optimizer_state_for_it()
   assert {k for k, v in flax.traverse_util.flatten_dict(moments[0]).items() if hasattr(v, "shape")} == trainable
 
 
+def test_the_base_scales_are_stored_in_base_quant_scale_dtype():
+  """finetune.base_quant_scale_dtype='bfloat16': every quantized leaf of the frozen base has bf16 scales while the
+  trained leaves stay float32 (model.param_dtype); '' keeps the scales in the parameter dtype. Changing it is a
+  structural difference: a run cannot resume with the other (its stored base would be cast)."""
+  def state(scale_dtype):
+    config = _config(mode="head_only")
+    config.finetune.base_quant_scale_dtype = scale_dtype
+    settings = settings_lib.from_config(config)
+    mesh = jax.sharding.AbstractMesh((1, 1, 1, 1), ("data", "fsdp", "expert", "tensor"))
+    optimizer = optimizer_lib.make_optimizer(settings.opt, 10, settings.finetune, settings.model)
+    _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer,
+                                                    finetune.base_quantizer(settings.finetune))
+    return settings, flax.traverse_util.flatten_dict(abstract.params)
+
+  for scale_dtype, want in (("bfloat16", jnp.bfloat16), ("", jnp.float32)):
+    settings, flat = state(scale_dtype)
+    scales = {k: v.scale.dtype for k, v in flat.items() if quant.is_quantized(v)}
+    assert scales and set(scales.values()) == {jnp.dtype(want)}, (scale_dtype, scales)
+    trainable = [v for k, v in flat.items() if finetune.label(k, settings.finetune) == finetune.TRAINABLE]
+    assert trainable and all(v.dtype == jnp.float32 for v in trainable)
+  bf16, default = state("bfloat16")[0], state("")[0]
+  assert any(d.startswith("finetune.base_quant_scale_dtype") for d in settings_lib.architecture_differences(
+      default, bf16))
+
+
 def _saved_params(step_dir) -> dict:
   """{key path: dtype name} of the params an Orbax train-state checkpoint holds (its metadata)."""
   from orbax import checkpoint as ocp

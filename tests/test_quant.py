@@ -254,3 +254,16 @@ def test_sample_config_keys_defined():
   s = base.get_config().sample
   assert (s.quantize, s.quant_group_size, s.quantize_embedding) == ("none", 64, True)
   assert isinstance(s, ml_collections.ConfigDict)
+
+
+def test_scales_in_another_dtype_are_the_ones_the_values_are_rounded_against():
+  """quantize_array(scale_dtype='bfloat16') of a float32 weight (int4, groups of 16): bf16 scales, and each value
+  rounded against the stored (rounded) scale, so |w - q s| <= s / 2 per element (+ float32 round-off of w / s and
+  q s: 2 eps |w|; the bf16 scale may be 2^-9 below amax / 7, so no value leaves [-7.5, 7.5] to be clipped)."""
+  w = jnp.asarray(np.random.default_rng(7).normal(size=(64, 48)), jnp.float32)
+  q = quant.quantize_array(w, (-2,), "int4", 16, "w", False, "bfloat16")
+  assert q.scale.dtype == jnp.bfloat16 and q.scale.shape == (4, 48)
+  scale = np.repeat(np.asarray(q.scale, np.float32), 16, axis=0)  # groups of 16 along the contracted axis
+  err = np.abs(np.asarray(w) - np.asarray(q.qvalue, np.float32) * scale)
+  assert np.all(err <= scale / 2 + 2 * np.finfo(np.float32).eps * np.abs(np.asarray(w))), err.max()
+  assert quant.quantize_array(w, (-2,), "int4", 16).scale.dtype == jnp.float32  # default: the weight's dtype

@@ -170,6 +170,10 @@ class FinetuneSettings:
                             choices=quant.SCHEMES)
   base_quant_group_size: int = setting(64, "base_quant's int4 group along the contracted axis (0 = per output "
                                        "channel); must divide it", lo=0)
+  base_quant_scale_dtype: str = setting("", "base_quant's scales: '' = the parameter dtype (model.param_dtype) | "
+                                        "'bfloat16' (half the scales' bytes, and no converted copy of them in a "
+                                        "bf16 step, while the trained leaves stay in model.param_dtype)",
+                                        choices=("", "bfloat16", "float32"))
 
   def __post_init__(self):
     settings_fields.check(self)

@@ -21,7 +21,7 @@ RUNTIME_MODEL_FIELDS = ("preset", "dtype", "param_dtype", *COMPUTE_MODEL_FIELDS,
 # Keys besides the architecture whose change alters which parameters and optimizer states exist, or what the
 # token ids mean.
 STRUCTURAL_KEYS = ("distill.method", "rl.algorithm", "finetune.mode", "finetune.lora_rank", "finetune.lora_targets",
-                   "finetune.freeze_router", "opt.optimizer", "opt.state_dtype", "data.tokenizer.kind",
+                   "finetune.freeze_router", "finetune.base_quant_scale_dtype", "opt.optimizer", "opt.state_dtype", "data.tokenizer.kind",
                    "data.tokenizer.vocab_size", "data.tokenizer.path")
 
 # The groups whose keys change what a run trains. Changing one on resume is allowed (a researcher extends
