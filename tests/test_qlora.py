@@ -113,14 +113,20 @@ def test_base_quant_needs_a_frozen_base_and_a_group_that_divides():
     settings_lib.from_config(config)
 
 
-def test_the_state_holds_the_base_quantized_once_and_no_optimizer_state_for_it():
-  """Shapes only: every frozen weight the preset quantizes is a QArray in the train state (no float copy), the
-  optimizer has no state for it, and the trainable leaves are float32."""
-  settings = settings_lib.from_config(_config(mode="head_only"))
+def _abstract_state(settings):
+  """The QLoRA train state's shapes on a one-device abstract mesh (nothing allocated)."""
   mesh = jax.sharding.AbstractMesh((1, 1, 1, 1), ("data", "fsdp", "expert", "tensor"))
   optimizer = optimizer_lib.make_optimizer(settings.opt, 10, settings.finetune, settings.model)
   _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer,
                                                   finetune.base_quantizer(settings.finetune))
+  return abstract
+
+
+def test_the_state_holds_the_base_quantized_once_and_no_optimizer_state_for_it():
+  """Shapes only: every frozen weight the preset quantizes is a QArray in the train state (no float copy), the
+  optimizer has no state for it, and the trainable leaves are float32."""
+  settings = settings_lib.from_config(_config(mode="head_only"))
+  abstract = _abstract_state(settings)
   flat = flax.traverse_util.flatten_dict(abstract.params)
   quantized = jax.eval_shape(finetune.base_quantizer(settings.finetune).params, param_shapes(settings.model))
   expected_q = {k for k, v in flax.traverse_util.flatten_dict(quantized).items() if quant.is_quantized(v)}
@@ -143,11 +149,7 @@ def test_the_base_scales_are_stored_in_base_quant_scale_dtype():
     config = _config(mode="head_only")
     config.finetune.base_quant_scale_dtype = scale_dtype
     settings = settings_lib.from_config(config)
-    mesh = jax.sharding.AbstractMesh((1, 1, 1, 1), ("data", "fsdp", "expert", "tensor"))
-    optimizer = optimizer_lib.make_optimizer(settings.opt, 10, settings.finetune, settings.model)
-    _, abstract, _ = state_lib.abstract_train_state(settings.model, mesh, settings.mesh.axis_rules, optimizer,
-                                                    finetune.base_quantizer(settings.finetune))
-    return settings, flax.traverse_util.flatten_dict(abstract.params)
+    return settings, flax.traverse_util.flatten_dict(_abstract_state(settings).params)
 
   for scale_dtype, want in (("bfloat16", jnp.bfloat16), ("", jnp.float32)):
     settings, flat = state(scale_dtype)

@@ -39,7 +39,6 @@ fuses elementwise chains (fewer buffers) but also keeps loop-carried copies and 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import re
