@@ -16,13 +16,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 # Tests run tiny programs: compile time dominates, so trade run-time optimisation for compile speed
 # (same results up to float round-off; exactness tests compare runs made under the same flags).
 # Two workers share the 2 cores, so splitting a module's code generation over threads gains nothing and costs CPU:
-# one split, with XLA's classic CPU runtime (the pair: ~10% less time in paired `-n 2` runs of five test files; the
-# runtime flag alone measured no gain, docs/benchmarks.md).
+# one split (~10% less time in paired `-n 2` runs of five test files, docs/benchmarks.md).
 # Multi-device tests run 8 virtual devices (or 2 processes) on 2 cores: a device thread can wait long
 # at a collective while the others are descheduled, so raise XLA's CPU collective timeouts (the
 # defaults abort the process after ~40 s stuck).
 TEST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1 "
-                  "--xla_cpu_use_thunk_runtime=false --xla_cpu_collective_timeout_seconds=900 "
+                  "--xla_cpu_collective_timeout_seconds=900 "
                   "--xla_cpu_collective_call_warn_stuck_timeout_seconds=300 "
                   "--xla_cpu_collective_call_terminate_timeout_seconds=900")
 os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
