@@ -53,6 +53,14 @@ class LocalTextConfig(tfds.core.BuilderConfig):
   encoding_errors: str = "strict"
 
 
+class _LocalTextInfo(tfds.core.DatasetInfo):
+  """A local corpus's DatasetInfo: TFDS looks for a not yet built dataset's pre-computed info on its bucket, making an
+  empty temporary directory it never removes (one per build in the system's temp dir); a local corpus has none."""
+
+  def initialize_from_bucket(self) -> None:
+    pass
+
+
 class LocalText(tfds.core.GeneratorBasedBuilder):
   """Documents from local text files, split into 'train' / 'validation' by document hash."""
 
@@ -74,7 +82,7 @@ class LocalText(tfds.core.GeneratorBasedBuilder):
     return epath.Path(__file__)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return _LocalTextInfo(
         builder=self,
         description=f"dgemma local text: {self.builder_config.description}",
         features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),

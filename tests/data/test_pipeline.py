@@ -76,9 +76,13 @@ def _assert_batches_equal(a, b):
 # --- Builder and splits ------------------------------------------------------------------------
 
 
-def test_builder_splits_by_document_deterministically(tmp_path, corpus):
+def test_builder_splits_by_document_deterministically(tmp_path, corpus, monkeypatch):
   docs, files = corpus
+  system_tmp = tmp_path / "system_tmp"  # the temp dir of this process: building leaves nothing in it
+  system_tmp.mkdir()
+  monkeypatch.setattr("tempfile.tempdir", str(system_tmp))
   prepared = data.prepare(S(_config(tmp_path, files)))
+  assert not list(system_tmp.iterdir())
   assert prepared.splits == ("train", "validation")
   texts = _split_texts(prepared)
   assert sorted(texts["train"] + texts["validation"]) == sorted(docs)  # Each doc exactly once.
