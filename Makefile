@@ -5,10 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_WORKDIR ?= workdirs/demo
 REPORT ?= report
-# pip byte-compiles every file it installs (21,000 here: 31 of its 50 s), most of them never imported; the venv is
-# installed without that, and Python compiles a module when it is first imported. Make's commands let Python write
-# those .pyc files into .venv (an empty value, even where the environment forbids writing them), so no process
-# compiles the same module twice.
+# pip byte-compiles every file it installs (21,000 here, most never imported: paired installs of the requirements
+# on a 2-core host took 50-109 s with it, 19-54 s without); the venv is installed without that, and Python compiles
+# a module when it is first imported. Make's commands let Python write those .pyc files into .venv (an empty value,
+# even where the environment forbids writing them), so no process compiles the same module twice.
 export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: venv demo test test-fast data bench clean
