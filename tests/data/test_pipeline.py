@@ -382,7 +382,9 @@ class DgemmaTestCatalog(tfds.core.GeneratorBasedBuilder):
       yield i, {"content": doc, "label": i}
 
 
-def test_tfds_catalog_source(tmp_path):
+def test_tfds_catalog_source(tmp_path, monkeypatch):
+  # TFDS makes (and leaves) an empty temp dir when it first builds a catalog dataset: keep it under tmp_path
+  monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
   config = _config(tmp_path, [], source="tfds", tfds_name="dgemma_test_catalog",
                    tfds_text_key="content", num_epochs=1, shuffle=False)
   prepared = data.prepare(S(config))
