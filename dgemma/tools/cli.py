@@ -99,6 +99,8 @@ def _flag_error(e: Exception, argv: Sequence[str], prog: str, hint: str):
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     if "before a value for --" in text:
       text += "; put --config=FILE first"
+    elif text.startswith("Unknown command line flag 'config.") and not _config_files(argv):
+      text += "; a --config.KEY override needs --config=FILE first (the config it overrides)"
     sys.exit(f"{prog}: {text} ({prog} --help lists the flags)")
   if isinstance(e, OSError):  # an override on a config file that failed to load: report the file's own error
     sys.exit(f"{prog}: --config: {e.__cause__ or e}")

@@ -75,6 +75,26 @@ def test_a_config_file_that_fails_is_one_line_at_its_own_line(tmp_path):
     assert cli.config_file_failure(e, [str(tmp_path / "raises.py")]) is None
 
 
+def test_an_override_without_its_config_says_what_it_needs():
+  """`sample.py --checkpoint=X --config.sample.num_samples=2`: absl knows no such flag until --config= names a file,
+  so the line says so; with --config= given, an unknown override is the plain message."""
+  from absl import flags
+  from ml_collections import config_flags
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values)
+  flags.DEFINE_string("checkpoint", None, "", flag_values=values)
+  argv = ["sample.py", "--checkpoint=w", "--config.sample.num_samples=2"]
+  with pytest.raises(flags.Error) as raised:
+    values(argv)
+  with pytest.raises(SystemExit, match=r"^sample\.py: Unknown command line flag 'config\.sample\.num_samples'; a "
+                     r"--config\.KEY override needs --config=FILE first"):
+    cli._flag_error(raised.value, argv, "sample.py", "")  # pylint: disable=protected-access
+  unknown = flags.UnrecognizedFlagError("config.nope", "config.nope=1")
+  with pytest.raises(SystemExit) as plain:
+    cli._flag_error(unknown, ["train.py", "--config=configs/tiny_test.py", "--config.nope=1"], "train.py", "")  # pylint: disable=protected-access
+  assert "needs --config" not in str(plain.value)
+
+
 @pytest.mark.slow  # subprocesses: the command lines themselves
 def test_bad_command_lines_are_one_line(tiny_run, tmp_path):
   workdir, _ = tiny_run
