@@ -90,8 +90,9 @@ def test_an_override_without_its_config_says_what_it_needs():
                      r"--config\.KEY override needs --config=FILE first"):
     cli._flag_error(raised.value, argv, "sample.py", "")  # pylint: disable=protected-access
   unknown = flags.UnrecognizedFlagError("config.nope", "config.nope=1")
+  with_config = ["train.py", "--config=configs/tiny_test.py", "--config.nope=1"]
   with pytest.raises(SystemExit) as plain:
-    cli._flag_error(unknown, ["train.py", "--config=configs/tiny_test.py", "--config.nope=1"], "train.py", "")  # pylint: disable=protected-access
+    cli._flag_error(unknown, with_config, "train.py", "")  # pylint: disable=protected-access
   assert "needs --config" not in str(plain.value)
 
 
