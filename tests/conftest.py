@@ -16,7 +16,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 # Tests run tiny programs: compile time dominates, so trade run-time optimisation for compile speed
 # (same results up to float round-off; exactness tests compare runs made under the same flags).
 # Two workers share the 2 cores, so splitting a module's code generation over threads gains nothing and costs CPU:
-# one split (~10% less time in paired `-n 2` runs of five test files, docs/benchmarks.md).
+# one split (five test files on two workers: 111-121 s with it, 121-136 s without, docs/benchmarks.md).
 # Multi-device tests run 8 virtual devices (or 2 processes) on 2 cores: a device thread can wait long
 # at a collective while the others are descheduled, so raise XLA's CPU collective timeouts (the
 # defaults abort the process after ~40 s stuck).
