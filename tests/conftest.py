@@ -27,6 +27,13 @@ TEST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codege
 os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
+# Tests trace hundreds of programs: collect garbage as dgemma's commands do (dgemma/tools/cli.py GC_THRESHOLDS;
+# tests/diffusion + tests/model on two workers, cold cache: 139-141 s at CPython's thresholds, 125 s so, paired runs).
+# DGEMMA_TEST_GC_THRESHOLDS=700,10,10 runs the suite at CPython's defaults.
+from dgemma.tools import cli as _cli  # noqa: E402  (after the environment above: it imports jax)
+_cli.collect_garbage_less_often(tuple(map(int, os.environ["DGEMMA_TEST_GC_THRESHOLDS"].split(",")))
+                                if os.environ.get("DGEMMA_TEST_GC_THRESHOLDS") else _cli.GC_THRESHOLDS)
+
 _WORDS = ("the king queen crown sword night day love death fair foul heart blood tears sweet "
           "lord lady speak hence thou thee thy art doth hath noble gentle wretched bright").split()
 

@@ -12,6 +12,7 @@ flag, a config flag that reports a missing file as such, and a main() tail that 
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging as py_logging
 import re
@@ -31,6 +32,18 @@ USER_ERRORS = (ConfigError, CheckpointError, DataError, TrainingDiverged, FileNo
 
 
 _FLAG_KINDS = {str: "string", int: "integer", float: "float", bool: "bool"}
+
+# CPython's cyclic garbage collector runs a young-generation pass every 700 net allocations (thresholds 700, 10,
+# 10). Tracing and lowering a JAX program allocate millions of short-lived objects, so at those thresholds the
+# collector runs thousands of times a trace. Commands (and the test suite) collect every 100,000 allocations
+# instead; cycles are still collected, the oldest generation after 50 x 10 young passes. The tiny model's train
+# step traces and lowers in 0.84x the time (bench/gc_trace.py, docs/benchmarks.md).
+GC_THRESHOLDS = (100_000, 50, 10)
+
+
+def collect_garbage_less_often(thresholds: Sequence[int] = GC_THRESHOLDS) -> None:
+  """Sets the collector's thresholds for a process that traces JAX programs (see GC_THRESHOLDS)."""
+  gc.set_threshold(*thresholds)
 
 
 def define_setting_flags(group_cls, *names: str, unset: bool = False) -> dict[str, flags.FlagHolder]:
@@ -168,8 +181,9 @@ class _NoPlatformProbe(py_logging.Filter):
 
 def run(main: Callable, prog: str, user_errors: tuple = ()) -> None:
   """app.run(main) with `parse_flags` and bad input (USER_ERRORS + `user_errors`) as one line, without JAX's
-  platform-probing notes (`_NoPlatformProbe`)."""
+  platform-probing notes (`_NoPlatformProbe`), the garbage collector set for tracing (GC_THRESHOLDS)."""
   caught = USER_ERRORS + tuple(user_errors)
+  collect_garbage_less_often()
   probe = py_logging.getLogger("jax._src.xla_bridge")
   if not any(isinstance(f, _NoPlatformProbe) for f in probe.filters):
     probe.addFilter(_NoPlatformProbe())

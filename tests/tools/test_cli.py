@@ -1,6 +1,7 @@
 """Bad command lines end in one line `<prog>: <what, naming the flag, field or file>` and a non-zero exit, never
 a traceback (dgemma/tools/cli.py; docs/reliability.md lists the cases)."""
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,20 @@ def test_an_override_without_its_config_says_what_it_needs():
   with pytest.raises(SystemExit) as plain:
     cli._flag_error(unknown, with_config, "train.py", "")  # pylint: disable=protected-access
   assert "needs --config" not in str(plain.value)
+
+
+def test_a_command_collects_garbage_as_set_for_tracing(monkeypatch):
+  """cli.run sets the collector's thresholds (GC_THRESHOLDS) before the command's main runs."""
+  seen = []
+  before = gc.get_threshold()
+  gc.set_threshold(700, 10, 10)  # CPython's defaults
+  monkeypatch.setattr(sys, "argv", ["prog"])
+  try:
+    with pytest.raises(SystemExit) as done:
+      cli.run(lambda argv: seen.append(gc.get_threshold()), "prog")
+  finally:
+    gc.set_threshold(*before)
+  assert done.value.code in (0, None) and seen == [cli.GC_THRESHOLDS]
 
 
 @pytest.mark.slow  # subprocesses: the command lines themselves
