@@ -10,7 +10,8 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # XLA compiles slowly on this 2-core CPU; many tests (and their subprocesses) compile the same tiny
-# programs, so share compiled executables through JAX's persistent cache (ignored by git).
+# programs, so share compiled executables through JAX's persistent cache (ignored by git). `make test` turns the
+# cache off (JAX_ENABLE_COMPILATION_CACHE=false, the Makefile says why); `make test-fast` and a plain pytest keep it.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 # Tests run tiny programs: compile time dominates, so trade run-time optimisation for compile speed

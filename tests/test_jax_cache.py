@@ -25,7 +25,8 @@ def test_the_cache_directory_is_chosen_by_jax_then_the_environment(monkeypatch, 
 
 @pytest.mark.slow  # a subprocess (the command line in a fresh process)
 def test_a_command_line_fills_the_cache(tiny_run, tmp_path):  # (reading it back is JAX's own)
-  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  env = {k: v for k, v in os.environ.items()  # JAX's own cache settings (make test turns the cache off) left out
+         if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_ENABLE_COMPILATION_CACHE"))}
   env.update(DGEMMA_COMPILATION_CACHE_DIR=str(tmp_path / "cache"), JAX_PLATFORMS="cpu")
   cmd = [sys.executable, "sample.py", f"--checkpoint={tiny_run[0]}", "--steps=2"]
   first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

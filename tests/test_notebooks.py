@@ -1,7 +1,7 @@
 """Every notebook in notebooks/ runs headless (nbclient) with its small settings, so none of them rots.
 
 The kernel inherits this process's environment: DGEMMA_NOTEBOOK_SMALL=1 selects the tiny test model (its
-compiled programs are shared with the other tests through the persistent compilation cache), the toy
+compiled programs are shared with the other tests through the persistent compilation cache where it is on), the toy
 corpus replaces the Shakespeare download, and everything is written under a temporary directory.
 finetune_head.ipynb needs the finetune.* config keys (LoRA / head-only fine-tuning).
 """
