@@ -38,12 +38,9 @@ def lower_seconds(settings, mesh, thresholds) -> float:
   try:
     t = time.perf_counter()
     programs = loop.run_programs(settings, mesh)
-    sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
-    batch = {k: jax.ShapeDtypeStruct((settings.data.batch_size, settings.data.seq_len), jnp.int32, sharding=sharding)
-             for k in ("tokens", "segment_ids", "positions")}
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
     with mesh_lib.mesh_context(mesh, settings.mesh.axis_rules):
-      programs.train_step.lower(programs.abstract_state, batch, rng)
+      programs.train_step.lower(programs.abstract_state, loop.batch_specs(settings, mesh), rng)
     return time.perf_counter() - t
   finally:
     gc.set_threshold(*CPYTHON_DEFAULT)

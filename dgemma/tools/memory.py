@@ -222,9 +222,7 @@ def compiled_train_memory(settings, device=None) -> dict[str, int]:
   mesh = one_device_mesh(device)
   programs = loop.run_programs(settings, mesh)
   state = programs.abstract_state
-  sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
-  batch = {k: jax.ShapeDtypeStruct((settings.data.batch_size, settings.data.seq_len), jnp.int32, sharding=sharding)
-           for k in ("tokens", "segment_ids", "positions")}
+  batch = loop.batch_specs(settings, mesh)
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   parts = {"base_quantized": 0, "frozen_float": 0, "trainable": 0}
   for key, leaf in flax.traverse_util.flatten_dict(state.params).items():

@@ -187,6 +187,14 @@ def _make_programs(settings, mesh) -> RunPrograms:
                      laid_out=step_shardings is not state_shardings, compiled={})
 
 
+def batch_specs(settings, mesh, batch_keys: tuple[str, ...] = ("tokens", "segment_ids", "positions")) -> dict:
+  """The shapes of a training batch on `mesh`: data.batch_size x data.seq_len rows of int32 `batch_keys`, sharded
+  as the run shards its batches (what the train and eval steps are lowered for)."""
+  sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
+  return {k: jax.ShapeDtypeStruct((settings.data.batch_size, settings.data.seq_len), jnp.int32, sharding=sharding)
+          for k in batch_keys}
+
+
 def compiled_steps(programs: RunPrograms, train_step, settings, mesh, base_rng, eval_rng,
                    batch_keys: tuple[str, ...] = ("tokens", "segment_ids", "positions")) -> tuple[Any, Any]:
   """`train_step` and the eval step compiled ahead of time for the run's batch (data.batch_size x data.seq_len
@@ -195,12 +203,11 @@ def compiled_steps(programs: RunPrograms, train_step, settings, mesh, base_rng, 
   picked for the frozen base (`input_formats`), so the eval step is compiled on those same layouts of the params,
   the step's output state is held to them, and the run puts its state in them (mesh_lib.put, in _train). A
   laid-out run's pair is kept in `programs.compiled`."""
-  shape = (settings.data.batch_size, settings.data.seq_len)
-  key = (shape, tuple(sorted(batch_keys)))
+  key = ((settings.data.batch_size, settings.data.seq_len), tuple(sorted(batch_keys)))
   if programs.laid_out and key in programs.compiled:
     return programs.compiled[key]
   data_sharding = mesh_lib.batch_sharding(mesh, settings.mesh.axis_rules)
-  batch_spec = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data_sharding) for k in batch_keys}
+  batch_spec = batch_specs(settings, mesh, batch_keys)
   train_compiled = train_step.lower(programs.abstract_state, batch_spec, base_rng).compile()
   eval_step = programs.eval_step
   if programs.laid_out:
